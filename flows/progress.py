@@ -1,0 +1,62 @@
+"""What the person at the terminal sees: a progress bar with live reward and accuracy, and
+a closing summary that says where everything went."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+
+def quiet_prefect_task_logs() -> None:
+    """One INFO line per task run would bury the progress bar; task runs are in the UI."""
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+
+
+class Progress:
+    def __init__(self, run, enabled: bool = True):
+        self.run = run
+        self.enabled = enabled
+        self.bar = None
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.run.cfg.loop.steps, desc=f"train {self.run.run_id}", unit="step",
+                        file=sys.stderr, dynamic_ncols=True)
+        self.bar.set_postfix_str(self._postfix())
+
+    def update(self, step: int) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(self._postfix())
+
+    def _postfix(self) -> str:
+        r = self.run
+        return (f"reward {r.last('score/reward_mean'):.3f} | eval acc {r.last('eval/accuracy'):.3f}"
+                f" | clip {r.last('learn/clip_frac'):.3f} | v{r.policy_version}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    lines = [
+        "",
+        f"Run {s['run_id']} {s['status'].lower()}: {s['steps_done']} steps, policy version {s['policy_version']}, "
+        f"{s['wall_seconds']:.0f} s",
+        f"  held-out accuracy   {s['accuracy_before']:.3f} before -> {s['accuracy_after']:.3f} after "
+        f"(best {s['accuracy_best']:.3f}, {s['heldout_prompts']} prompts, greedy)",
+        f"  rollouts            {s['rollouts_stored']} rows in LanceDB table {s['rollout_table']} at {s['lancedb_uri']}",
+        f"  MLflow              run {s['mlflow_run_id']} in experiment '{s['experiment']}' at {s['mlflow_uri']}",
+        f"  checkpoints         {s['checkpoint_dir']}",
+        f"  compute             {s['gen_tokens']:.0f} generated tokens, {s['train_tokens']:.0f} trained tokens, "
+        f"generation {s['gen_seconds']:.0f} s + training {s['train_seconds']:.0f} s, mu {s['mu']:.2f}",
+    ]
+    if s.get("mlflow_uri", "").startswith("sqlite:///"):
+        lines.append(f"  open the MLflow UI: mlflow ui --backend-store-uri {s['mlflow_uri']}")
+    return "\n".join(lines)

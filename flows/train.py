@@ -1,0 +1,161 @@
+"""The training flow: generate, score, append, sample, learn; evaluate and checkpoint.
+
+    python -m flows.train                                  # embedded defaults, no server
+    python -m flows.train buffer.capacity=512 algo.lr=3e-4 # Hydra overrides
+    python -m flows.train experiment=no_buffer             # the on-policy baseline preset
+    python -m flows.train --help | --cfg                   # groups and options | resolved config
+
+The flow only wires library calls (replay_pipeline.trainer.TrainingRun); each phase is a
+Prefect task so that it shows in the UI with its timing, and the append, which talks to
+storage, retries (safely: appends are idempotent).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from replay_pipeline.config import CONF_DIR, ConfigError, load_config
+from replay_pipeline.runs import ensure_writable
+from replay_pipeline.trainer import TrainingRun
+from flows.progress import Progress, quiet_prefect_task_logs, summary_text
+
+_task = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+@task(name="setup", **_task)
+def setup_task(cfg) -> TrainingRun:
+    return TrainingRun.setup(cfg, log=get_run_logger().info)
+
+
+@task(name="generate", task_run_name="generate-{step}", **_task)
+def generate_task(run: TrainingRun, step: int):
+    return run.generate(step)
+
+
+@task(name="score", task_run_name="score-{batch.step}", **_task)
+def score_task(run: TrainingRun, batch):
+    return run.score(batch)
+
+
+@task(name="append", task_run_name="append-{step}", retries=2, retry_delay_seconds=1, **_task)
+def append_task(run: TrainingRun, table, step: int) -> dict[str, float]:
+    return run.append(table)
+
+
+@task(name="sample", task_run_name="sample-{step}", **_task)
+def sample_task(run: TrainingRun, step: int):
+    return run.sample(step)
+
+
+@task(name="learn", task_run_name="learn-{step}", **_task)
+def learn_task(run: TrainingRun, minibatches, step: int) -> dict[str, float]:
+    return run.learn(minibatches)
+
+
+@task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
+def evaluate_task(run: TrainingRun, version: int) -> dict[str, float]:
+    return run.evaluate(version)
+
+
+@task(name="checkpoint", task_run_name="checkpoint-{step}", retries=1, **_task)
+def checkpoint_task(run: TrainingRun, step: int) -> str:
+    return str(run.checkpoint(step))
+
+
+def _due(every: int, done: int, total: int) -> bool:
+    return done == total or (every > 0 and done % every == 0)
+
+
+@flow(name="train")
+def train(overrides: list[str] | None = None) -> dict[str, Any]:
+    """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`)."""
+    cfg = load_config(overrides)
+    quiet_prefect_task_logs()
+    run = setup_task(cfg)
+    loop = cfg.loop
+    status = "FAILED"
+    progress = Progress(run, enabled=cfg.tracking.progress)
+    try:
+        run.log(0, evaluate_task(run, 0))
+        progress.start()
+        for step in range(loop.steps):
+            batch = generate_task(run, step)
+            table, metrics = score_task(run, batch)
+            metrics |= append_task(run, table, step)
+            minibatches, buffer_metrics = sample_task(run, step)
+            metrics |= buffer_metrics
+            metrics |= learn_task(run, minibatches, step)
+            run.log(step, metrics)
+            done = step + 1
+            if _due(loop.eval_every, done, loop.steps):
+                run.log(done, evaluate_task(run, run.policy_version))
+            if _due(loop.checkpoint_every, done, loop.steps):
+                checkpoint_task(run, done)
+            run.log(step, run.compute_metrics())
+            progress.update(step)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        progress.close()
+        summary = run.summary(status)
+        if status == "FINISHED":
+            run.log_final_model()
+        run.tracker.log_dict(summary, "summary.json")
+        run.finish(status)
+    print(summary_text(summary))
+    return summary
+
+
+def _usage() -> str:
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    lines = ["usage: python -m flows.train [--help] [--cfg] [key=value ...] [group=option ...]", "",
+             "Config groups (select with group=option):"]
+    for g in groups:
+        options = sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))
+        lines.append(f"  {g:<11} {', '.join(options)}")
+    lines += ["", "Every key, its default and its meaning: replay_pipeline/config.py "
+              "(or --cfg to print the resolved values).",
+              "Examples:", "  python -m flows.train buffer.capacity=512 algo.lr=3e-4",
+              "  python -m flows.train experiment=no_buffer loop.steps=100",
+              "  python -m flows.train model=hf model.path=/path/to/hf/checkpoint"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(_usage())
+        return 0
+    show_cfg = "--cfg" in argv
+    overrides = [a for a in argv if a != "--cfg"]
+    bad = [a for a in overrides if a.startswith("-")]
+    if bad:
+        print(f"error: unknown flag(s) {bad}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(overrides)  # fail before Prefect, MLflow or any model is touched
+        ensure_writable(cfg.tracking.root_dir)
+    except (ConfigError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if show_cfg:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    start = time.perf_counter()
+    train(overrides)
+    print(f"total time {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Compute ledger: tokens, estimated FLOPs and measured wall seconds per phase.
+
+FLOPs follow the usual dense-transformer estimate (Kaplan et al.): 2 x parameters per
+generated token (forward only) and 6 x parameters per trained token (forward + backward).
+mu, the paper's generation/training cost ratio, is measured as the seconds spent
+generating a batch over the seconds one learner pass over that many rollouts takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ComputeLedger:
+    parameters: int
+    totals: dict[str, float] = field(default_factory=lambda: {
+        "gen_tokens": 0.0, "gen_seconds": 0.0, "train_tokens": 0.0, "train_seconds": 0.0,
+        "train_rollouts": 0.0, "gen_rollouts": 0.0, "eval_seconds": 0.0, "other_seconds": 0.0,
+    })
+
+    def add(self, **amounts: float) -> None:
+        for key, value in amounts.items():
+            if key not in self.totals:
+                raise KeyError(f"unknown ledger entry {key!r}; known: {sorted(self.totals)}")
+            self.totals[key] += float(value)
+
+    def gen_flops(self) -> float:
+        return 2.0 * self.parameters * self.totals["gen_tokens"]
+
+    def train_flops(self) -> float:
+        return 6.0 * self.parameters * self.totals["train_tokens"]
+
+    def mu(self) -> float:
+        """Seconds to generate one rollout / seconds to train on one rollout, run so far."""
+        t = self.totals
+        if t["gen_rollouts"] == 0 or t["train_rollouts"] == 0 or t["train_seconds"] == 0:
+            return float("nan")
+        return (t["gen_seconds"] / t["gen_rollouts"]) / (t["train_seconds"] / t["train_rollouts"])
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative figures, logged under compute/ so any metric can be read against them."""
+        t = self.totals
+        return {
+            "compute/gen_tokens": t["gen_tokens"],
+            "compute/train_tokens": t["train_tokens"],
+            "compute/gen_flops": self.gen_flops(),
+            "compute/train_flops": self.train_flops(),
+            "compute/total_flops": self.gen_flops() + self.train_flops(),
+            "compute/gen_seconds": t["gen_seconds"],
+            "compute/train_seconds": t["train_seconds"],
+            "compute/gen_train_seconds": t["gen_seconds"] + t["train_seconds"],
+            "compute/eval_seconds": t["eval_seconds"],
+            "compute/other_seconds": t["other_seconds"],
+            "compute/mu": self.mu(),
+        }

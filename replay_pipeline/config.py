@@ -1,0 +1,343 @@
+"""Structured configuration: every field, its default and its meaning, in one place.
+
+The YAML files under ``conf/`` are presets that only state what differs from these
+defaults; Hydra merges them onto these dataclasses, so a typo in a preset or an override
+(``buffer.capacitty=3``) fails at composition with the list of valid keys.
+
+``validate`` checks what types cannot (cross-field rules such as "the batch is a multiple
+of the group size") and raises one ``ConfigError`` that lists every problem with the
+override that fixes it, before any model is loaded or any table is opened.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message says which override fixes it."""
+
+
+@dataclass
+class WarmStartConfig:
+    lr: float = 1e-3
+    """AdamW learning rate of the supervised warm start (CPU-DEMO: 1e-3 held)."""
+    warmup_steps: int = 100
+    """Linear learning-rate warm-up steps of the warm start."""
+    batch_size: int = 128
+    """Supervised examples per warm-start step."""
+    max_steps: int = 3000
+    """Give up (with an error) if the target accuracy is not reached by then."""
+    eval_every: int = 25
+    """Validation accuracy is checked this often; accuracy jumps abruptly, so keep it small."""
+    target_accuracy: float = 0.25
+    """Stop at the first validation greedy accuracy at or above this (aim: 10-40% held-out)."""
+    seed: int = 0
+    """Seed of the warm start; separate from the run's seed so that runs with different
+    seeds start from the same cached checkpoint, as the paper's seeds do."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    """`tiny` is the built-in model; any other name labels a checkpoint given by `path`."""
+    path: Optional[str] = None
+    """A Hugging Face checkpoint directory (config.json + weights + tokenizer). None builds the
+    built-in tiny Llama-style model and warm-starts it on the task (cached on disk)."""
+    hidden_size: int = 192
+    """Built-in model only: width of the residual stream."""
+    num_layers: int = 4
+    """Built-in model only: decoder layers."""
+    num_heads: int = 6
+    """Built-in model only: attention heads (must divide hidden_size)."""
+    intermediate_size: int = 512
+    """Built-in model only: MLP width."""
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Supervised warm start of the built-in model (ignored when `path` is set)."""
+    torch_threads: int = 2
+    """CPU threads for torch; 0 keeps torch's own default."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "addition"
+    """Registered task name; see replay_pipeline.tasks.TASKS."""
+    digits: int = 3
+    """Addition task: digits per operand (prompt "007+110=")."""
+    heldout_size: int = 512
+    """Prompts held out of warm start and RL, used for eval/ accuracy (CPU-DEMO: 256 is
+    noisy by +/- 3 points, so 512 by default)."""
+    validation_size: int = 256
+    """Prompts used only to stop the warm start; disjoint from the held-out set."""
+    split_seed: int = 1234
+    """Seed of the train/validation/held-out split (keep fixed across runs to compare them)."""
+
+
+@dataclass
+class GeneratorConfig:
+    backend: str = "transformers"
+    """Generation backend: `transformers` (CPU or GPU). `vllm` arrives with its own issue."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts. Behaviour log-probs are those of
+    softmax(logits / temperature), and the learner uses the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling for training rollouts (1.0 = off). Stored log-probs ignore the
+    truncation, as in verl and TRL."""
+    max_new_tokens: int = 6
+    """Completion length cap; a completion that hits it ends with finish_reason="length"."""
+    batch_size: int = 256
+    """Prompt rows per generate() call (memory bound, not a training knob)."""
+
+
+@dataclass
+class BufferConfig:
+    strategy: str = "uniform"
+    """How minibatches are drawn from the window: `uniform` (with replacement, the paper's
+    vanilla buffer) or `fresh` (the no-buffer baseline: the newest batch, each rollout once)."""
+    capacity: int = 128
+    """FIFO window: the newest `capacity` rollouts of the run can be sampled (ignored by
+    `fresh`, whose window is always the newest generation step's batch)."""
+    uri: Optional[str] = None
+    """LanceDB database (a directory or an object-store URI). None: <root_dir>/lancedb."""
+
+
+@dataclass
+class AlgoConfig:
+    objective: str = "grpo_clip"
+    """Policy loss; see replay_pipeline.objectives.OBJECTIVES."""
+    lr: float = 3e-5
+    """AdamW learning rate, constant (CPU-DEMO: 3e-5 and 6e-5 held, 1e-4 drifted, 3e-4 collapsed)."""
+    eps_low: float = 0.2
+    """Lower clip of the importance ratio: ratio >= 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip of the importance ratio: ratio <= 1 + eps_high."""
+    loss_agg: str = "token_mean"
+    """`token_mean` (every completion token of the minibatch weighs the same) or `seq_mean`."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm; 0 disables it."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (0: plain Adam, as in the paper)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+
+
+@dataclass
+class LoopConfig:
+    mode: str = "sync"
+    """`sync`: generate, score, append, then learn, in turn (deterministic)."""
+    steps: int = 60
+    """Generation steps (rounds) of the run."""
+    prompts_per_step: int = 8
+    """Prompts per generation step."""
+    group_size: int = 8
+    """Completions per prompt (G); advantages are normalised within each group."""
+    minibatch_size: int = 64
+    """Rollouts per learner step (B)."""
+    updates_per_step: int = 2
+    """Learner steps per generation step (K). Replay ratio = K x B / (prompts x G)."""
+    eval_every: int = 10
+    """Held-out evaluation every this many steps (and always before the first and after the
+    last); 0 evaluates only before and after."""
+    checkpoint_every: int = 20
+    """Checkpoint every this many steps (and after the last); 0 only after the last."""
+    keep_checkpoints: int = 3
+    """Newest checkpoints kept on disk."""
+
+
+@dataclass
+class TrackingConfig:
+    root_dir: str = "runs"
+    """Everything a run writes lives under here: <run_id>/ (config, checkpoints), lancedb/,
+    mlflow.db, mlartifacts/, cache/ (warm starts). Relative to the working directory."""
+    mlflow_uri: Optional[str] = None
+    """MLflow tracking URI. None: sqlite:///<root_dir>/mlflow.db (no server needed)."""
+    artifact_location: Optional[str] = None
+    """Where MLflow stores artifacts of a new experiment. None: <root_dir>/mlartifacts."""
+    experiment: str = "replay-pipeline"
+    """MLflow experiment name."""
+    progress: bool = True
+    """Show a progress bar with live reward and accuracy on the terminal."""
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """Seeds model init, sampling and the replay sampler; a run is reproducible from it."""
+    run_id: Optional[str] = None
+    """Name of the run (letters, digits, - and _). None: a timestamp plus a random suffix."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
+GENERATOR_BACKENDS = ("transformers",)
+LOOP_MODES = ("sync",)
+
+
+def register_configs() -> None:
+    """Register the dataclasses as the schema that conf/config.yaml builds on, and the
+    `rp.mul` resolver that presets use to size things from the batch (`${rp.mul:a,b}`)."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+    if not OmegaConf.has_resolver("rp.mul"):
+        OmegaConf.register_new_resolver("rp.mul", lambda a, b: int(a) * int(b))
+
+
+def load_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose conf/ with Hydra overrides and validate; raise ConfigError on any problem."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    overrides = list(overrides or [])
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_explain_composition_error(exc, overrides)) from exc
+    validate(cfg)
+    return cfg
+
+
+def _explain_composition_error(exc: Exception, overrides: list[str]) -> str:
+    text = str(exc).strip()
+    hint = (
+        "Run `python -m flows.train --help` for the config groups and their options, or "
+        "`python -m flows.train --cfg` to print every key with its value."
+    )
+    if "Could not override" in text or "not in struct" in text or "Key '" in text:
+        hint = (
+            "Check the key's spelling; keys are listed by `python -m flows.train --cfg`. "
+            "To add a key that does not exist, Hydra needs `+key=value`, but unknown keys "
+            "are rejected by the schema in replay_pipeline/config.py."
+        )
+    elif "Could not find" in text or "In 'config'" in text:
+        hint = "Pick one of the options listed above (files under conf/<group>/)."
+    return f"Invalid configuration (overrides: {overrides or 'none'}):\n{text}\n{hint}"
+
+
+def validate(cfg: DictConfig | Config) -> None:
+    """Cross-field checks; raises ConfigError listing every problem and how to fix it."""
+    from replay_pipeline.buffer.sampling import SAMPLERS
+    from replay_pipeline.objectives import OBJECTIVES
+    from replay_pipeline.tasks import TASKS
+
+    c = cfg
+    problems: list[str] = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    try:
+        # Touch every mandatory value once so a `???` surfaces here, not mid-run.
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True) if isinstance(cfg, DictConfig) else None
+    except Exception as exc:  # MissingMandatoryValue and interpolation errors
+        key = getattr(exc, "full_key", None) or str(exc)
+        raise ConfigError(f"Missing value for `{key}`: set it on the command line, e.g. `{key}=...`") from exc
+
+    loop, buf, algo, gen, model, task = c.loop, c.buffer, c.algo, c.generator, c.model, c.task
+    rollouts = loop.prompts_per_step * loop.group_size
+
+    need(loop.steps >= 1, f"loop.steps={loop.steps} must be >= 1")
+    need(loop.prompts_per_step >= 1, f"loop.prompts_per_step={loop.prompts_per_step} must be >= 1")
+    need(loop.group_size >= 2,
+         f"loop.group_size={loop.group_size} must be >= 2: the group-normalised advantage needs "
+         "at least two completions per prompt")
+    need(loop.minibatch_size >= 1, f"loop.minibatch_size={loop.minibatch_size} must be >= 1")
+    need(loop.minibatch_size % loop.group_size == 0,
+         f"loop.minibatch_size={loop.minibatch_size} must be a multiple of "
+         f"loop.group_size={loop.group_size}; raise loop.minibatch_size or lower loop.group_size")
+    need(loop.updates_per_step >= 1, f"loop.updates_per_step={loop.updates_per_step} must be >= 1")
+    need(loop.eval_every >= 0, f"loop.eval_every={loop.eval_every} must be >= 0 (0: only first and last)")
+    need(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every} must be >= 0")
+    need(loop.keep_checkpoints >= 1, f"loop.keep_checkpoints={loop.keep_checkpoints} must be >= 1")
+    need(loop.mode in LOOP_MODES, f"loop.mode={loop.mode!r} is not one of {list(LOOP_MODES)}")
+
+    need(buf.strategy in SAMPLERS,
+         f"buffer.strategy={buf.strategy!r} is not one of {sorted(SAMPLERS)}")
+    need(buf.capacity >= loop.minibatch_size or buf.strategy == "fresh",
+         f"buffer.capacity={buf.capacity} is below one minibatch (loop.minibatch_size="
+         f"{loop.minibatch_size}); raise buffer.capacity or lower loop.minibatch_size")
+    if buf.strategy == "fresh":  # the window is the fresh batch whatever buffer.capacity says
+        need(loop.updates_per_step * loop.minibatch_size == rollouts,
+             f"buffer.strategy=fresh uses each fresh rollout exactly once: loop.updates_per_step x "
+             f"loop.minibatch_size ({loop.updates_per_step} x {loop.minibatch_size}) must equal the "
+             f"rollouts per step ({rollouts}); use `buffer=none` as it is, or set them to match")
+
+    need(algo.objective in OBJECTIVES,
+         f"algo.objective={algo.objective!r} is not one of {sorted(OBJECTIVES)}")
+    need(algo.loss_agg in LOSS_AGGREGATIONS,
+         f"algo.loss_agg={algo.loss_agg!r} is not one of {list(LOSS_AGGREGATIONS)}")
+    need(algo.lr > 0, f"algo.lr={algo.lr} must be > 0")
+    need(0 <= algo.eps_low < 1, f"algo.eps_low={algo.eps_low} must be in [0, 1)")
+    need(algo.eps_high >= 0, f"algo.eps_high={algo.eps_high} must be >= 0")
+    need(algo.max_grad_norm >= 0, f"algo.max_grad_norm={algo.max_grad_norm} must be >= 0 (0 disables)")
+
+    need(gen.backend in GENERATOR_BACKENDS,
+         f"generator.backend={gen.backend!r} is not available here; choose one of {list(GENERATOR_BACKENDS)}")
+    need(gen.temperature > 0, f"generator.temperature={gen.temperature} must be > 0")
+    need(0 < gen.top_p <= 1, f"generator.top_p={gen.top_p} must be in (0, 1]")
+    need(gen.max_new_tokens >= 1, f"generator.max_new_tokens={gen.max_new_tokens} must be >= 1")
+    need(gen.batch_size >= 1, f"generator.batch_size={gen.batch_size} must be >= 1")
+
+    need(task.name in TASKS, f"task.name={task.name!r} is not one of {sorted(TASKS)}")
+    if model.path is None and model.name != "tiny":
+        problems.append(f"model={model.name} needs a checkpoint: set model.path=/path/to/hf/checkpoint "
+                        "(a directory written by save_pretrained), or use model=tiny")
+    if model.path is not None:
+        path = Path(os.path.expanduser(str(model.path)))
+        if not path.is_dir():
+            problems.append(f"model.path={model.path} is not a directory; point it at a Hugging Face "
+                            "checkpoint directory (with config.json), or drop it to use the built-in model")
+        elif not (path / "config.json").is_file():
+            problems.append(f"model.path={model.path} has no config.json; it must be a Hugging Face "
+                            "checkpoint directory as written by save_pretrained()")
+    else:
+        need(model.hidden_size % max(model.num_heads, 1) == 0,
+             f"model.hidden_size={model.hidden_size} must be divisible by model.num_heads={model.num_heads}")
+        need(0 <= model.warmstart.target_accuracy <= 1,
+             f"model.warmstart.target_accuracy={model.warmstart.target_accuracy} must be in [0, 1]")
+    need(model.torch_threads >= 0, f"model.torch_threads={model.torch_threads} must be >= 0")
+
+    if c.run_id is not None:
+        import re
+
+        need(re.fullmatch(r"[A-Za-z0-9_-]+", str(c.run_id)) is not None,
+             f"run_id={c.run_id!r} may only hold letters, digits, '-' and '_'")
+
+    if problems:
+        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def to_dataclass(cfg: DictConfig) -> Config:
+    """A typed Config from a composed DictConfig (for code that wants attribute types)."""
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def flatten(cfg: DictConfig | dict, prefix: str = "") -> dict[str, Any]:
+    """{"algo.lr": 3e-5, ...}: the form MLflow params take."""
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    out: dict[str, Any] = {}
+    for key, value in container.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = value
+    return out

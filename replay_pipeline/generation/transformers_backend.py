@@ -1,0 +1,107 @@
+"""Batched sampling with Hugging Face transformers' ``generate``.
+
+Decisions:
+- Behaviour log-probs are those of softmax(logits / temperature) at each sampled token,
+  computed from generate's raw logits. Top-p truncation is not folded into them (as in
+  verl and TRL): the learner scores tokens with the same temperature and no truncation,
+  so on-policy ratios are exactly 1 when top_p = 1.
+- Prompts are left-padded so every row's completion starts at the same column; the
+  learner re-scores prompt + completion unpadded-then-right-padded, with the same
+  positions (generate derives position ids from the attention mask).
+- The generator owns its own copy of the weights: new weights reach it only through
+  ``load_weights``, as they would reach a separate inference engine (vLLM).
+- Sampling is seeded per call (torch.manual_seed(seed)), so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+
+from replay_pipeline.generation.base import Sample
+
+
+class TransformersGenerator:
+    def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 6, batch_size: int = 256, copy_model: bool = True):
+        self.model = copy.deepcopy(model) if copy_model else model
+        self.model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.policy_version = 0
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        if self.eos_id is None:
+            raise ValueError("the tokenizer has no eos_token_id; completions could never stop")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Publish new policy weights to the generator; later samples use them."""
+        self.model.load_state_dict(state_dict)
+        self.policy_version = version
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], n: int, seed: int, *, greedy: bool = False,
+                 temperature: float | None = None, top_p: float | None = None,
+                 max_new_tokens: int | None = None) -> list[list[Sample]]:
+        """`n` completions of every prompt; result[i][j] is sample j of prompt i."""
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        encoded = [self.tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+        rows = [ids for ids in encoded for _ in range(n)]  # group-major: prompt i's samples adjacent
+        torch.manual_seed(seed)
+        flat: list[Sample] = []
+        for start in range(0, len(rows), self.batch_size):
+            flat.extend(self._generate_rows(rows[start:start + self.batch_size], greedy,
+                                            temperature, top_p, max_new))
+        return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_rows(self, rows: list[list[int]], greedy: bool, temperature: float,
+                       top_p: float, max_new: int) -> list[Sample]:
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding
+            input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            attention[i, width - len(r):] = 1
+        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature,
+                                                           top_p=top_p, top_k=0)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+            max_new_tokens=max_new, eos_token_id=self.eos_id, pad_token_id=self.pad_id,
+            return_dict_in_generate=True, output_logits=True, **kwargs,
+        )
+        new_tokens = out.sequences[:, width:].cpu()                     # (N, T)
+        logits = torch.stack(out.logits, dim=1).float().cpu()           # (N, T, V) raw logits
+        scale = 1.0 if greedy else temperature
+        logp = torch.log_softmax(logits / scale, dim=-1)
+        token_logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # (N, T)
+        samples = []
+        for i, r in enumerate(rows):
+            ids = new_tokens[i].tolist()
+            if self.eos_id in ids:
+                length, reason = ids.index(self.eos_id) + 1, "stop"
+            else:
+                length, reason = len(ids), "length"
+            completion = ids[:length]
+            samples.append(Sample(
+                prompt_ids=list(r), completion_ids=completion,
+                logprobs=token_logp[i, :length].tolist(),
+                text=self.tokenizer.decode(completion, skip_special_tokens=True),
+                finish_reason=reason,
+            ))
+        return samples

@@ -1,0 +1,87 @@
+"""Experiment tracking: one MLflow run per training run, behind a small interface.
+
+`MlflowTracker` talks to any MLflow tracking URI (a local SQLite store by default, a
+server by config) through `MlflowClient`, not the fluent API, so several runs can live in
+one process (tests, sweeps). `NullTracker` has the same interface and does nothing, which
+keeps `if tracker:` checks out of the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+# MLflow's SQLite store logs Alembic migrations at INFO on first use; keep the terminal clean.
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+
+MAX_PARAM_LENGTH = 6000
+
+
+class NullTracker:
+    run_id: str | None = None
+    uri: str | None = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None: ...
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+    def finish(self, status: str = "FINISHED") -> None: ...
+
+
+class MlflowTracker:
+    def __init__(self, uri: str, experiment: str, artifact_location: str | Path | None,
+                 run_name: str, tags: Mapping[str, str] | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            location = Path(artifact_location).resolve().as_uri() if artifact_location else None
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+        else:
+            self.experiment_id = exp.experiment_id
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags or {}))
+        self.run_id = run.info.run_id
+        self.artifact_uri = run.info.artifact_uri
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
+        self.log_text(json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
