@@ -105,6 +105,10 @@ class BufferConfig:
     `fresh`, whose window is always the newest generation step's batch)."""
     uri: Optional[str] = None
     """LanceDB database (a directory or an object-store URI). None: <root_dir>/lancedb."""
+    compact_every: int = 50
+    """Compact the rollout table's fragments and refresh its indexes every this many steps
+    (each append adds a fragment; without compaction appends and window reads slow down
+    as the run grows). 0 never compacts."""
 
 
 @dataclass
@@ -133,8 +137,8 @@ class AlgoConfig:
 class LoopConfig:
     mode: str = "sync"
     """`sync`: generate, score, append, then learn, in turn (deterministic)."""
-    steps: int = 60
-    """Generation steps (rounds) of the run."""
+    steps: int = 500
+    """Generation steps (rounds) of the run (500: about 5 minutes on a 2-core CPU)."""
     prompts_per_step: int = 8
     """Prompts per generation step."""
     group_size: int = 8
@@ -143,10 +147,10 @@ class LoopConfig:
     """Rollouts per learner step (B)."""
     updates_per_step: int = 2
     """Learner steps per generation step (K). Replay ratio = K x B / (prompts x G)."""
-    eval_every: int = 10
+    eval_every: int = 25
     """Held-out evaluation every this many steps (and always before the first and after the
     last); 0 evaluates only before and after."""
-    checkpoint_every: int = 20
+    checkpoint_every: int = 100
     """Checkpoint every this many steps (and after the last); 0 only after the last."""
     keep_checkpoints: int = 3
     """Newest checkpoints kept on disk."""
@@ -269,6 +273,7 @@ def validate(cfg: DictConfig | Config) -> None:
     need(loop.keep_checkpoints >= 1, f"loop.keep_checkpoints={loop.keep_checkpoints} must be >= 1")
     need(loop.mode in LOOP_MODES, f"loop.mode={loop.mode!r} is not one of {list(LOOP_MODES)}")
 
+    need(buf.compact_every >= 0, f"buffer.compact_every={buf.compact_every} must be >= 0 (0: never)")
     need(buf.strategy in SAMPLERS,
          f"buffer.strategy={buf.strategy!r} is not one of {sorted(SAMPLERS)}")
     need(buf.capacity >= loop.minibatch_size or buf.strategy == "fresh",

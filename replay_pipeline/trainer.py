@@ -210,14 +210,21 @@ class TrainingRun:
         self.ledger.add(gen_tokens=lengths.sum(), gen_seconds=batch.seconds, gen_rollouts=len(r))
         return table, metrics
 
-    def append(self, table: pa.Table) -> dict[str, float]:
-        """Persist the scored rollouts (idempotent: a retried append adds nothing)."""
+    def append(self, table: pa.Table, step: int) -> dict[str, float]:
+        """Persist the scored rollouts (idempotent: a retried append adds nothing), and
+        compact the table every buffer.compact_every steps."""
         start = time.perf_counter()
         inserted = self.store.append(table)
         seconds = time.perf_counter() - start
-        self.ledger.add(other_seconds=seconds)
+        every = self.cfg.buffer.compact_every
+        compact_seconds = 0.0
+        if every and (step + 1) % every == 0:
+            t0 = time.perf_counter()
+            self.store.compact()
+            compact_seconds = time.perf_counter() - t0
+        self.ledger.add(other_seconds=seconds + compact_seconds)
         return {"buffer/appended": float(inserted), "buffer/total_rows": float(self.store.count()),
-                "buffer/append_seconds": seconds}
+                "buffer/append_seconds": seconds, "buffer/compact_seconds": compact_seconds}
 
     def sample(self, step: int) -> tuple[list[dict[str, list]], dict[str, float]]:
         """Read the window from the table and draw this step's minibatches from it."""

@@ -37,8 +37,8 @@ its ids, which deterministic ids per (step, group, sample) give.
 Indexes: :meth:`create` builds btree scalar indexes on ``seq`` and ``policy_version``. With
 lancedb 0.40 this is cheap (milliseconds, also on an empty table) and appends keep working
 unchanged. An index covers only the rows present when it was built (or last optimised); rows
-appended later are scanned (correct, just not accelerated) until ``table.optimize()`` is
-run. Keeping indexes fresh is left to the index-maintenance issue. Tables opened with
+appended later are scanned (correct, just not accelerated) until :meth:`compact` runs
+(the training loop calls it every ``buffer.compact_every`` steps). Tables opened with
 :meth:`open` are never modified, so no index is added there.
 """
 
@@ -347,6 +347,12 @@ class RolloutStore:
     def rows_for_step(self, step: int, columns: list[str] | None = None) -> pa.Table:
         """Rows generated at generation step ``step``, sorted by ``seq``."""
         return self._ordered(f"step = {int(step)}", columns)
+
+    def compact(self) -> None:
+        """Merge small per-append fragments and refresh the scalar indexes (Lance
+        ``optimize``). Rows, versions and tags are kept; a run calls this every
+        ``buffer.compact_every`` steps so append and window costs stay flat as it grows."""
+        self._table.optimize()
 
     # ------------------------------------------------------------------ versions and tags
     @property

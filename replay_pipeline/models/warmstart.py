@@ -140,35 +140,17 @@ def greedy_accuracy(
 ) -> float:
     """Mean verifier reward of greedy completions: the fraction correct for a 0/1 verifier.
 
-    finish_reason is "stop" when <eos> was generated within `max_new_tokens`, else "length".
-    Leaves the model in eval mode.
+    The same evaluation as the training loop's (replay_pipeline.evaluation), on a copy of
+    `model` (the caller's weights, mode and gradients are left alone).
     """
+    from replay_pipeline.evaluation import evaluate_greedy
+    from replay_pipeline.generation import TransformersGenerator
+
     if not prompts:
         raise ValueError("prompts is empty; greedy accuracy needs at least one prompt")
-    model.eval()
-    eos = tokenizer.eos_token_id
-    correct = 0.0
-    with torch.no_grad():
-        for start in range(0, len(prompts), batch_size):
-            batch = prompts[start : start + batch_size]
-            enc = tokenizer([p.text for p in batch], return_tensors="pt", padding=True)
-            enc = enc.to(model.device)
-            if tokenizer.padding_side != "left" and not bool(enc["attention_mask"].all()):
-                raise ValueError("batched generation needs tokenizer.padding_side == 'left'")
-            out = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=eos,
-            )
-            for prompt, ids in zip(batch, out[:, enc["input_ids"].shape[1] :].tolist()):
-                finish = "stop" if eos in ids else "length"
-                if finish == "stop":
-                    ids = ids[: ids.index(eos)]
-                completion = tokenizer.decode(ids, skip_special_tokens=True)
-                correct += task.reward(prompt, completion, finish)
-    return correct / len(prompts)
+    generator = TransformersGenerator(model, tokenizer, max_new_tokens=max_new_tokens,
+                                      batch_size=batch_size)
+    return evaluate_greedy(generator, task, prompts)["eval/accuracy"]
 
 
 def completion_budget(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt]) -> int:
