@@ -61,7 +61,7 @@ def sample_task(run: TrainingRun, step: int):
 
 @task(name="learn", task_run_name="learn-{step}", **_task)
 def learn_task(run: TrainingRun, minibatches, step: int) -> dict[str, float]:
-    return run.learn(minibatches)
+    return run.learn(minibatches, step)
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)

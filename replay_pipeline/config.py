@@ -98,13 +98,28 @@ class GeneratorConfig:
 @dataclass
 class BufferConfig:
     strategy: str = "uniform"
-    """How minibatches are drawn from the window: `uniform` (with replacement, the paper's
-    vanilla buffer) or `fresh` (the no-buffer baseline: the newest batch, each rollout once)."""
+    """How minibatches are drawn from the window (replay_pipeline.buffer.sampling): `uniform`
+    (with replacement, the paper's vanilla buffer), `without_replacement` (within a step's
+    round), `recency`, `prioritized` (by |advantage|), or `fresh` (the no-buffer baseline:
+    the newest batch, each rollout once)."""
     capacity: int = 128
     """FIFO window: the newest `capacity` rollouts of the run can be sampled (ignored by
     `fresh`, whose window is always the newest generation step's batch)."""
     uri: Optional[str] = None
     """LanceDB database (a directory or an object-store URI). None: <root_dir>/lancedb."""
+    positive_bias: float = 0.0
+    """The paper's positive-bias window, delta: the window holds the freshest (1 - delta) N
+    rollouts plus the freshest delta N correct rollouts not already among them (the paper
+    used 0.2 and 0.5). 0: plain FIFO window."""
+    reuse_cap: Optional[int] = None
+    """A rollout is never used by more than this many learner steps in total (None: no cap);
+    counted from the durable usage records."""
+    max_staleness: Optional[int] = None
+    """Only rollouts at most this many policy versions old can be drawn (None: no bound)."""
+    recency_half_life: float = 2.0
+    """`recency` strategy: a rollout's weight halves every this many policy versions of age."""
+    priority_alpha: float = 1.0
+    """`prioritized` strategy: weight = (|advantage| + 1e-3) ** priority_alpha."""
     compact_every: int = 50
     """Compact the rollout table's fragments and refresh its indexes every this many steps
     (each append adds a fragment; without compaction appends and window reads slow down
@@ -279,7 +294,17 @@ def validate(cfg: DictConfig | Config) -> None:
     need(buf.capacity >= loop.minibatch_size or buf.strategy == "fresh",
          f"buffer.capacity={buf.capacity} is below one minibatch (loop.minibatch_size="
          f"{loop.minibatch_size}); raise buffer.capacity or lower loop.minibatch_size")
+    need(0 <= buf.positive_bias < 1,
+         f"buffer.positive_bias={buf.positive_bias} must be in [0, 1) (the paper used 0.2 or 0.5)")
+    need(buf.reuse_cap is None or buf.reuse_cap >= 1,
+         f"buffer.reuse_cap={buf.reuse_cap} must be >= 1, or null for no cap")
+    need(buf.max_staleness is None or buf.max_staleness >= 0,
+         f"buffer.max_staleness={buf.max_staleness} must be >= 0, or null for no bound")
+    need(buf.recency_half_life > 0, f"buffer.recency_half_life={buf.recency_half_life} must be > 0")
+    need(buf.priority_alpha >= 0, f"buffer.priority_alpha={buf.priority_alpha} must be >= 0")
     if buf.strategy == "fresh":  # the window is the fresh batch whatever buffer.capacity says
+        need(buf.positive_bias == 0,
+             "buffer.strategy=fresh (no-buffer baseline) has no window to bias; set buffer.positive_bias=0")
         need(loop.updates_per_step * loop.minibatch_size == rollouts,
              f"buffer.strategy=fresh uses each fresh rollout exactly once: loop.updates_per_step x "
              f"loop.minibatch_size ({loop.updates_per_step} x {loop.minibatch_size}) must equal the "

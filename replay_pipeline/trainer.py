@@ -31,7 +31,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.buffer import RolloutStore
-from replay_pipeline.buffer.sampling import SAMPLERS, window_for
+from replay_pipeline.buffer.sampling import SamplingRules, WindowInfo, draw
+from replay_pipeline.buffer.store import META_COLUMNS
+from replay_pipeline.buffer.usage import UsageStore, make_usage_id
 from replay_pipeline.buffer.schema import make_rollout_id, rows_to_table
 from replay_pipeline.checkpoints import checkpoint_name, save_checkpoint
 from replay_pipeline.compute import ComputeLedger
@@ -78,6 +80,7 @@ class TrainingRun:
     generator: TransformersGenerator
     learner: Learner
     store: RolloutStore
+    usage: UsageStore
     tracker: MlflowTracker | NullTracker
     ledger: ComputeLedger
     heldout: list[Prompt]
@@ -115,6 +118,7 @@ class TrainingRun:
 
         uri = cfg.buffer.uri or str(paths.lancedb)
         store = RolloutStore.create(uri, run_id)
+        usage = UsageStore.create(uri, run_id)
 
         resolved = OmegaConf.to_container(cfg, resolve=True)
         resolved["run_id"] = run_id
@@ -126,6 +130,7 @@ class TrainingRun:
                 artifact_location=cfg.tracking.artifact_location or paths.artifact_location,
                 run_name=run_id,
                 tags={"replay_pipeline.run_id": run_id, "replay_pipeline.rollout_table": store.table_name,
+                      "replay_pipeline.usage_table": usage.table_name,
                       "replay_pipeline.lancedb_uri": uri, "replay_pipeline.run_dir": str(paths.run_dir)})
         tracker.log_params({**flatten(resolved), "policy.parameters": learner.num_parameters(),
                             **{f"policy.{k}": v for k, v in policy_info.items()}})
@@ -133,7 +138,7 @@ class TrainingRun:
         tracker.set_tags({"host.python": platform.python_version(), "host.torch": torch.__version__})
 
         return cls(cfg=cfg, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
-                   learner=learner, store=store, tracker=tracker,
+                   learner=learner, store=store, usage=usage, tracker=tracker,
                    ledger=ComputeLedger(parameters=learner.num_parameters()),
                    heldout=list(task.heldout_prompts()), policy_info=policy_info)
 
@@ -221,56 +226,110 @@ class TrainingRun:
         if every and (step + 1) % every == 0:
             t0 = time.perf_counter()
             self.store.compact()
+            self.usage.compact()
             compact_seconds = time.perf_counter() - t0
         self.ledger.add(other_seconds=seconds + compact_seconds)
         return {"buffer/appended": float(inserted), "buffer/total_rows": float(self.store.count()),
                 "buffer/append_seconds": seconds, "buffer/compact_seconds": compact_seconds}
 
     def sample(self, step: int) -> tuple[list[dict[str, list]], dict[str, float]]:
-        """Read the window from the table and draw this step's minibatches from it."""
+        """Read the window's light columns and the usage counts, let the strategy choose,
+        then read only the chosen rows' token data."""
         start = time.perf_counter()
-        b = self.cfg.buffer
-        loop = self.cfg.loop
-        size = window_for(b.strategy, b.capacity, self.rollouts_per_step)
-        window = self.store.window(size, columns=LEARN_COLUMNS)
+        b, loop = self.cfg.buffer, self.cfg.loop
+        if b.strategy == "fresh":
+            meta = self.store.window_meta(self.rollouts_per_step, columns=list(META_COLUMNS))
+        elif b.positive_bias > 0:
+            meta = self.store.positive_bias_window(b.capacity, b.positive_bias, columns=list(META_COLUMNS))
+        else:
+            meta = self.store.window_meta(b.capacity, columns=list(META_COLUMNS))
+        seqs = meta.column("seq").to_numpy()
+        counts = self.usage.reuse_counts(int(seqs.min()), int(seqs.max())) if len(seqs) else {}
+        info = WindowInfo(
+            policy_version=meta.column("policy_version").to_numpy(), seq=seqs,
+            correct=meta.column("correct").to_numpy(zero_copy_only=False),
+            advantage=meta.column("advantage").to_numpy(),
+            reuse_count=np.asarray([counts.get(int(q), 0) for q in seqs], dtype=np.int64),
+            current_version=self.policy_version)
         rng = np.random.default_rng(step_seed(self.cfg.seed, step, _SAMPLER))
-        picks = SAMPLERS[b.strategy](window.num_rows, loop.minibatch_size, loop.updates_per_step, rng)
-        minibatches = [window.take(pa.array(idx)).to_pydict() for idx in picks]
-        used = np.concatenate(picks)
-        versions = np.asarray(window.column("policy_version").to_numpy())[used]
-        staleness = self.policy_version - versions
+        picks = draw(b.strategy, info, loop.minibatch_size, loop.updates_per_step, rng,
+                     sampling_rules(b))
+        picks = [p for p in picks if len(p)]  # eligibility ran out: skip, and say so below
+        minibatches = []
+        if picks:
+            rows = self.store.take_seqs(seqs[np.concatenate(picks)], columns=LEARN_COLUMNS)
+            offset = 0
+            for p in picks:
+                minibatches.append(rows.slice(offset, len(p)).to_pydict())
+                offset += len(p)
         seconds = time.perf_counter() - start
         self.ledger.add(other_seconds=seconds)
         return minibatches, {
-            "buffer/window_rows": float(window.num_rows),
-            "buffer/replay_ratio": loop.updates_per_step * loop.minibatch_size / self.rollouts_per_step,
-            "buffer/unique_frac": float(len(np.unique(used)) / len(used)),
-            "buffer/staleness_mean": float(staleness.mean()),
-            "buffer/staleness_max": float(staleness.max()),
+            "buffer/window_rows": float(info.size),
+            "buffer/window_correct_frac": float(info.correct.mean()) if info.size else 0.0,
+            "buffer/window_staleness_mean": float((self.policy_version - info.policy_version).mean())
+            if info.size else 0.0,
+            "buffer/replay_ratio_target": loop.updates_per_step * loop.minibatch_size / self.rollouts_per_step,
+            "buffer/skipped_updates": float(loop.updates_per_step - len(picks)),
             "buffer/sample_seconds": seconds,
         }
 
-    def learn(self, minibatches: list[dict[str, list]]) -> dict[str, float]:
-        """One learner step per minibatch, then publish the weights (version + 1)."""
+    def learn(self, minibatches: list[dict[str, list]], step: int) -> dict[str, float]:
+        """One learner step per minibatch, a durable record of the rollouts each used, then
+        publish the weights (version + 1)."""
         start = time.perf_counter()
+        first_learner_step = self.learner.steps
         per_step = [self.learner.step(mb) for mb in minibatches]
         train_seconds = time.perf_counter() - start
+        record_start = time.perf_counter()
+        used = usage_rows(self.run_id, step, first_learner_step, self.policy_version, minibatches)
+        metrics = self.usage_metrics(used) if used else {}
         publish_start = time.perf_counter()
         self.policy_version += 1
         self.generator.load_weights(self.learner.state_dict(), self.policy_version)
         publish_seconds = time.perf_counter() - publish_start
-        metrics = {f"learn/{k}": float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
-        metrics["learn/ratio_max"] = float(max(m["ratio_max"] for m in per_step))
-        metrics["learn/tokens"] = float(sum(m["tokens"] for m in per_step))
+        if per_step:
+            metrics |= {f"learn/{k}": float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
+            metrics["learn/ratio_max"] = float(max(m["ratio_max"] for m in per_step))
+            metrics["learn/tokens"] = float(sum(m["tokens"] for m in per_step))
         metrics.update({
             "learn/seconds": train_seconds, "learn/publish_seconds": publish_seconds,
             "learn/policy_version": float(self.policy_version),
             "learn/learner_steps": float(self.learner.steps),
+            "buffer/record_seconds": publish_start - record_start,
         })
-        self.ledger.add(train_tokens=metrics["learn/tokens"], train_seconds=train_seconds,
+        self.ledger.add(train_tokens=metrics.get("learn/tokens", 0.0), train_seconds=train_seconds,
                         train_rollouts=sum(len(mb["rollout_id"]) for mb in minibatches),
-                        other_seconds=publish_seconds)
+                        other_seconds=publish_seconds + publish_start - record_start)
         return metrics
+
+    def usage_metrics(self, used: list[dict[str, Any]]) -> dict[str, float]:
+        """Record this round's uses, then derive reuse, staleness and steps-since-last-use
+        from the usage table (durable records, not counters kept in memory)."""
+        seqs = sorted({u["rollout_seq"] for u in used})
+        previous = self.usage.last_use(seqs)  # before this round's records land
+        self.usage.record(used)
+        since, last = [], dict(previous)
+        for u in used:  # rows are in learner-step order
+            q = u["rollout_seq"]
+            if q in last and last[q] < u["learner_step"]:
+                since.append(u["learner_step"] - last[q])
+            last[q] = u["learner_step"]
+        staleness = np.asarray([u["staleness"] for u in used], dtype=np.float64)
+        counts = self.usage.reuse_counts(seqs[0], seqs[-1])
+        uses_of_used = np.asarray([counts.get(q, 0) for q in seqs], dtype=np.float64)
+        total_uses = self.usage.count()
+        return {
+            "buffer/staleness_mean": float(staleness.mean()),
+            "buffer/staleness_max": float(staleness.max()),
+            "buffer/unique_frac": len(seqs) / len(used),
+            "buffer/reuse_mean": float(uses_of_used.mean()),
+            "buffer/reuse_max": float(uses_of_used.max()),
+            "buffer/first_use_frac": float(np.mean([q not in previous for q in seqs])),
+            "buffer/steps_since_last_use_mean": float(np.mean(since)) if since else 0.0,
+            "buffer/replay_ratio": total_uses / max(self.store.count(), 1),
+            "buffer/usage_records": float(total_uses),
+        }
 
     def evaluate(self, step: int) -> dict[str, float]:
         metrics = evaluate_greedy(self.generator, self.task, self.heldout, seed=self.cfg.seed)
@@ -282,10 +341,12 @@ class TrainingRun:
         """Save model, optimizer and state atomically, tag the table version it saw."""
         tag = checkpoint_name(step)
         self.store.tag(tag)
+        self.usage.tag(tag)
         state = {
             "policy_version": self.policy_version, "learner_steps": self.learner.steps,
             "table_tag": tag, "table_version": self.store.version,
-            "rollout_table": self.store.table_name, "mlflow_run_id": self.tracker.run_id,
+            "rollout_table": self.store.table_name, "usage_table": self.usage.table_name,
+            "usage_version": self.usage.version, "mlflow_run_id": self.tracker.run_id,
             "run_id": self.run_id, "seed": self.cfg.seed,
         }
         path = save_checkpoint(self.paths.checkpoints, step, self.learner.model, self.tokenizer,
@@ -321,6 +382,31 @@ class TrainingRun:
 
     def finish(self, status: str = "FINISHED") -> None:
         self.tracker.finish(status)
+
+
+def sampling_rules(buffer_cfg) -> SamplingRules:
+    return SamplingRules(reuse_cap=buffer_cfg.reuse_cap, max_staleness=buffer_cfg.max_staleness,
+                         recency_half_life=buffer_cfg.recency_half_life,
+                         priority_alpha=buffer_cfg.priority_alpha)
+
+
+def usage_rows(run_id: str, step: int, first_learner_step: int, policy_version: int,
+               minibatches: list[dict[str, list]]) -> list[dict[str, Any]]:
+    """One usage record per row of every minibatch of this round (rows of the usage table)."""
+    now = datetime.now(timezone.utc)
+    rows = []
+    for k, mb in enumerate(minibatches):
+        learner_step = first_learner_step + k
+        for position, (rid, seq, version, rstep) in enumerate(
+                zip(mb["rollout_id"], mb["seq"], mb["policy_version"], mb["step"])):
+            rows.append({
+                "usage_id": make_usage_id(run_id, learner_step, position), "run_id": run_id,
+                "learner_step": learner_step, "step": step, "position": position,
+                "rollout_id": rid, "rollout_seq": seq, "rollout_step": rstep,
+                "rollout_policy_version": version, "policy_version": policy_version,
+                "staleness": policy_version - version, "created_at": now,
+            })
+    return rows
 
 
 def _quiet_transformers() -> None:

@@ -58,7 +58,7 @@ INPUT_COLUMNS: tuple[str, ...] = tuple(n for n in ROLLOUT_SCHEMA.names if n != "
 
 
 class SchemaMismatch(ValueError):
-    """Rows or a table do not match :data:`ROLLOUT_SCHEMA`. The message names the columns."""
+    """Rows or a table do not match their schema. The message names the columns."""
 
 
 def make_rollout_id(run_id: str, step: int, group_index: int, sample_index: int) -> str:
@@ -73,38 +73,53 @@ def make_rollout_id(run_id: str, step: int, group_index: int, sample_index: int)
     return f"{run_id}/s{int(step):06d}/g{int(group_index):04d}/i{int(sample_index):03d}"
 
 
-def schema_mismatches(schema: pa.Schema, *, require_seq: bool) -> list[str]:
-    """Human-readable differences between ``schema`` and :data:`ROLLOUT_SCHEMA` (empty if none).
+def schema_mismatches(
+    schema: pa.Schema,
+    *,
+    require_seq: bool = True,
+    expected: pa.Schema = ROLLOUT_SCHEMA,
+    optional: Sequence[str] = (),
+) -> list[str]:
+    """Human-readable differences between ``schema`` and ``expected`` (empty if none).
 
-    Compares names and types only (not nullability or field metadata). With
-    ``require_seq=False`` a missing ``seq`` column is not a difference.
+    Compares names and types only (not nullability or field metadata). Columns named in
+    ``optional`` may be missing; ``require_seq=False`` is shorthand for ``optional=("seq",)``.
+    ``expected`` defaults to :data:`ROLLOUT_SCHEMA`; the usage table passes its own schema.
     """
-    expected = {f.name: f.type for f in ROLLOUT_SCHEMA}
+    may_miss = set(optional) | (set() if require_seq else {"seq"})
+    want = {f.name: f.type for f in expected}
     got = {f.name: f.type for f in schema}
     problems: list[str] = []
-    missing = [n for n in expected if n not in got and (require_seq or n != "seq")]
-    extra = [n for n in got if n not in expected]
+    missing = [n for n in want if n not in got and n not in may_miss]
+    extra = [n for n in got if n not in want]
     if missing:
         problems.append(f"missing columns {missing}")
     if extra:
         problems.append(f"unexpected columns {extra}")
     for name, typ in got.items():
-        if name in expected and not typ.equals(expected[name]):
-            problems.append(f"column {name!r} has type {typ}, expected {expected[name]}")
+        if name in want and not typ.equals(want[name]):
+            problems.append(f"column {name!r} has type {typ}, expected {want[name]}")
     return problems
 
 
-def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
-    """Build a table in :data:`ROLLOUT_SCHEMA` from row dicts that lack ``seq``.
+def rows_to_table(
+    rows: Sequence[Mapping[str, Any]],
+    schema: pa.Schema = ROLLOUT_SCHEMA,
+    *,
+    assigned: Sequence[str] = ("seq",),
+    noun: str = "rollout",
+) -> pa.Table:
+    """Build a table in ``schema`` (default :data:`ROLLOUT_SCHEMA`) from row dicts.
 
-    Every dict must have exactly the keys in :data:`INPUT_COLUMNS`; the error names the missing
-    and extra keys (and the first offending row). ``seq`` comes back all-null: the store fills
-    it in on append. Values are converted to the schema's types column by column, and a value
-    that cannot be converted raises :class:`SchemaMismatch` naming the column.
-    Naive ``created_at`` datetimes are taken as UTC.
+    Every dict must have exactly the schema's keys except the ``assigned`` ones (``seq``, which
+    the store fills in); the error names the missing and extra keys (and the first offending
+    row, as "``noun`` row i"). Assigned columns come back all-null. Values are converted to the
+    schema's types column by column, and a value that cannot be converted raises
+    :class:`SchemaMismatch` naming the column. Naive ``created_at`` datetimes are taken as UTC.
     """
     rows = list(rows)
-    expected = set(INPUT_COLUMNS)
+    filled = [n for n in schema.names if n in assigned]
+    expected = {n for n in schema.names if n not in filled}
     for i, row in enumerate(rows):
         keys = set(row.keys())
         if keys != expected:
@@ -114,11 +129,13 @@ def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
             if missing:
                 parts.append(f"missing keys {missing}")
             if extra:
-                parts.append(f"extra keys {extra}" + (" (seq is assigned by the store)" if "seq" in extra else ""))
-            raise SchemaMismatch(f"rollout row {i}: " + "; ".join(parts))
+                by_store = [n for n in extra if n in filled]
+                note = f" ({', '.join(by_store)} is assigned by the store)" if by_store else ""
+                parts.append(f"extra keys {extra}" + note)
+            raise SchemaMismatch(f"{noun} row {i}: " + "; ".join(parts))
     arrays = []
-    for field in ROLLOUT_SCHEMA:
-        if field.name == "seq":
+    for field in schema:
+        if field.name in filled:
             arrays.append(pa.nulls(len(rows), type=field.type))
             continue
         values = [row[field.name] for row in rows]
@@ -126,6 +143,6 @@ def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
             arrays.append(pa.array(values, type=field.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise SchemaMismatch(
-                f"rollout rows: column {field.name!r} cannot be converted to {field.type}: {exc}"
+                f"{noun} rows: column {field.name!r} cannot be converted to {field.type}: {exc}"
             ) from exc
-    return pa.Table.from_arrays(arrays, schema=ROLLOUT_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)

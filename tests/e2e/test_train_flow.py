@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.buffer.usage import UsageStore
 from tests.conftest import ROOT, TINY_OVERRIDES
 
 pytestmark = pytest.mark.slow
@@ -75,6 +76,17 @@ def test_every_rollout_is_stored_with_its_provenance(finished_run):
     assert store.read_at("step-000002").num_rows == 2 * ROLLOUTS_PER_STEP
 
 
+def test_every_learner_step_left_a_usage_record(finished_run):
+    root, _ = finished_run
+    usage = UsageStore.open(root / "lancedb", "e2e-replay")
+    rows = usage.rows().to_pydict()
+    assert usage.count() == STEPS * 2 * 16  # K=2 minibatches of B=16 per step
+    assert sorted(set(rows["learner_step"])) == list(range(STEPS * 2))
+    assert all(s >= 0 for s in rows["staleness"])
+    assert {"step-000002", "step-000003"} <= set(usage.tags())
+    assert usage.read_at("step-000002").num_rows == 2 * 2 * 16
+
+
 def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     root, _ = finished_run
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
@@ -86,6 +98,7 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     metrics = run.data.metrics
     for key in ["generate/seconds", "generate/tokens", "score/reward_mean", "score/accuracy",
                 "buffer/window_rows", "buffer/staleness_mean", "buffer/replay_ratio",
+                "buffer/reuse_mean", "buffer/steps_since_last_use_mean",
                 "learn/loss", "learn/clip_frac", "learn/entropy", "learn/grad_norm",
                 "learn/seconds", "eval/accuracy", "compute/gen_tokens", "compute/train_tokens",
                 "compute/gen_seconds", "compute/train_seconds", "compute/total_flops"]:

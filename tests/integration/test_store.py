@@ -283,3 +283,158 @@ def test_window_tolerates_duplicate_seq_from_racing_writers(store):
     assert w.num_rows == 10
     assert w.column("seq").to_pylist() == sorted(w.column("seq").to_pylist())
     assert w.column("seq").to_pylist()[0] >= 8  # only rows from the newest two batches
+    # take_seqs returns the first of the rows sharing a seq (by rollout_id), once per request
+    got = store.take_seqs([9, 3, 9], ["seq", "rollout_id"])
+    assert got.column("rollout_id").to_pylist() == [make_rollout_id(RUN, 1, 0, 1), make_rollout_id(RUN, 0, 0, 3),
+                                                    make_rollout_id(RUN, 1, 0, 1)]
+
+
+# ------------------------------------------------------------------ indexes and fast appends
+def test_indexes_exist_after_create_and_filters_use_them(store):
+    indexed = {tuple(ix.columns) for ix in store.table.list_indices()}
+    assert indexed == {("rollout_id",), ("seq",), ("step",), ("policy_version",)}
+    for step in range(3):
+        store.append(make_rows(step))
+    store.compact()
+    for flt in ("policy_version >= 1 AND policy_version <= 1", "seq IN (3, 5)", "step = 2",
+                "rollout_id >= 'a' AND rollout_id <= 'z'"):
+        plan = store.table.search().where(flt).limit(None).explain_plan(verbose=True)
+        assert "ScalarIndexQuery" in plan, (flt, plan)
+    assert store.table.index_stats("rollout_id_idx").num_unindexed_rows == 0
+
+
+def test_compact_adds_indexes_missing_from_an_older_table(tmp_path):
+    import lancedb
+
+    lancedb.connect(tmp_path / "db").create_table("rollouts_old", schema=ROLLOUT_SCHEMA)
+    old = RolloutStore.open(tmp_path / "db", "old")
+    assert list(old.table.list_indices()) == []  # open() modifies nothing
+    old.append(make_rows(0, run_id="old"))
+    old.compact()
+    assert {tuple(ix.columns) for ix in old.table.list_indices()} == {
+        ("rollout_id",), ("seq",), ("step",), ("policy_version",)}
+
+
+def test_append_stays_idempotent_after_compact(store):
+    for step in range(4):
+        store.append(make_rows(step))
+    store.compact()
+    version = store.version
+    assert store.append(make_rows(1)) == 0  # stored rows now live in the compacted fragment
+    assert store.version == version
+    assert store.append(make_rows(3)[2:] + make_rows(4)) == 8  # partly stored: only the new rows
+    assert store.append(make_rows(4)) == 0  # retry of rows that are not indexed yet
+    assert store.count() == 40
+    assert store.window(100).column("seq").to_pylist() == list(range(40))
+    assert store.table.search().select(["rollout_id"]).limit(None).to_arrow().column(
+        "rollout_id").unique().__len__() == 40
+
+
+def test_id_lookup_of_a_scattered_batch_and_quoted_ids(store):
+    # 2,400 stored rows; a batch whose ids sort at both ends of them makes the lookup's
+    # ranges span every stored row, so it falls back to exact IN lists.
+    for step in range(3):
+        store.append(make_rows(step, n_groups=100, group_size=8))
+    old = make_rows(0, n_groups=1, group_size=1) + make_rows(2, n_groups=100, group_size=8)[-1:]
+    assert store.append(old + make_rows(3)) == 8
+    assert store.count() == 2408
+    quoted = make_rows(4, n_groups=1, group_size=2)
+    for i, row in enumerate(quoted):
+        row["rollout_id"] = f"{RUN}/it's '{i}'"
+    assert store.append(quoted) == 2
+    assert store.append(quoted) == 0
+    assert store.window(2, ["rollout_id"]).column("rollout_id").to_pylist() == [r["rollout_id"] for r in quoted]
+
+
+def _append_steps(uri: str, first_step: int, steps: int) -> None:
+    writer = RolloutStore.open(uri, RUN)
+    for step in range(first_step, first_step + steps):
+        writer.append(make_rows(step))
+
+
+def test_two_processes_appending_keep_every_row(tmp_path):
+    import multiprocessing as mp
+
+    uri = str(tmp_path / "db")
+    store = RolloutStore.create(uri, RUN)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_append_steps, args=(uri, first, 10)) for first in (0, 100)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    assert store.count() == 2 * 10 * 8
+    ids = store.table.search().select(["rollout_id"]).limit(None).to_arrow().column("rollout_id").to_pylist()
+    expected = {r["rollout_id"] for first in (0, 100) for s in range(first, first + 10) for r in make_rows(s)}
+    assert len(ids) == len(set(ids)) and set(ids) == expected
+    assert store.append(make_rows(0) + make_rows(105)) == 0  # both writers' rows are found
+
+
+# ------------------------------------------------------------------ sampler reads
+def test_take_seqs_keeps_order_and_duplicates(store):
+    for step in range(5):
+        store.append(make_rows(step))  # seq 0..39
+    got = store.take_seqs([33, 2, 33, 17, 2, 39], columns=["seq", "rollout_id", "completion_ids"])
+    assert got.column_names == ["seq", "rollout_id", "completion_ids"]
+    assert got.column("seq").to_pylist() == [33, 2, 33, 17, 2, 39]
+    assert got.column("rollout_id").to_pylist()[1] == make_rollout_id(RUN, 0, 0, 2)
+    import numpy as np
+
+    dense = np.arange(10, 30)[::-1]  # dense values: read with one seq range
+    assert store.take_seqs(dense, ["seq"]).column("seq").to_pylist() == dense.tolist()
+    assert store.take_seqs(np.array([5], dtype=np.int32)).schema.equals(ROLLOUT_SCHEMA)
+    assert store.take_seqs([], ["seq"]).num_rows == 0
+    with pytest.raises(StoreError, match=r"no rows with seq \[40, 99\]"):
+        store.take_seqs([1, 40, 99])
+    with pytest.raises(StoreError, match="integer"):
+        store.take_seqs([1.5])
+    with pytest.raises(StoreError, match="unknown columns"):
+        store.take_seqs([1], ["nope"])
+
+
+def test_window_meta_reads_light_columns(store):
+    for step in range(3):
+        store.append(make_rows(step))
+    meta = store.window_meta(10)
+    assert meta.column_names == ["seq", "policy_version", "correct", "advantage"]
+    assert meta.column("seq").to_pylist() == list(range(14, 24))
+    assert store.window_meta(3, columns=["seq"]).column("seq").to_pylist() == [21, 22, 23]
+
+
+def _one_row_per_step(store, n, correct_every):
+    rows = []
+    for s in range(n):
+        row = make_rows(s, n_groups=1, group_size=1)[0]
+        row["correct"] = s % correct_every == 0
+        rows.append(row)
+    store.append(rows)
+
+
+def test_positive_bias_window_composition(store):
+    _one_row_per_step(store, 100, 3)  # seq == step; every 3rd row correct
+    w = store.positive_bias_window(20, 0.5, columns=["seq", "correct"])
+    newest = list(range(90, 100))
+    older_correct = [s for s in range(89, -1, -1) if s % 3 == 0][:10]
+    assert w.column("seq").to_pylist() == sorted(older_correct) + newest
+    assert older_correct[-1] == 60
+    # delta 0: the FIFO window; delta 1: only correct rows, the freshest first
+    assert store.positive_bias_window(20, 0.0, ["seq"]).equals(store.window(20, ["seq"]))
+    assert store.positive_bias_window(4, 1.0, ["seq"]).column("seq").to_pylist() == [90, 93, 96, 99]
+    full = store.positive_bias_window(10, 0.2)
+    assert full.schema.equals(ROLLOUT_SCHEMA) and full.num_rows == 10
+    assert full.column("seq").to_pylist() == [87, 90] + list(range(92, 100))
+    with pytest.raises(StoreError, match="delta"):
+        store.positive_bias_window(10, 1.5)
+
+
+def test_positive_bias_window_with_too_few_correct_or_rows(store):
+    _one_row_per_step(store, 30, 12)  # correct: seq 0, 12, 24
+    w = store.positive_bias_window(20, 0.5, columns=["seq"])
+    assert w.column("seq").to_pylist() == [0, 12] + list(range(20, 30))  # 24 is among the fresh
+    assert store.positive_bias_window(100, 0.5, ["seq"]).column("seq").to_pylist() == list(range(30))
+
+
+def test_positive_bias_window_on_empty_table(store):
+    assert store.positive_bias_window(8, 0.5).num_rows == 0
+    assert store.positive_bias_window(8, 1.0, ["seq"]).num_rows == 0

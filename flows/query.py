@@ -1,0 +1,487 @@
+"""Query any run's rollouts and usage records: python -m flows.query.
+
+    python -m flows.query runs                                   # runs under ./runs/lancedb
+    python -m flows.query rollouts RUN_ID --versions 10:20 --correct --min-reuse 2
+    python -m flows.query usage RUN_ID --learner-steps 0:9 --format csv --output usage.csv
+    python -m flows.query summary RUN_ID --by version|staleness|reuse
+
+The CLI only parses arguments and renders; the queries are replay_pipeline.analysis, which
+is imported after parsing so that --help and argument errors answer at once (lancedb takes a
+few seconds to import). Errors go to stderr with exit status 2 and say how to fix the call;
+a filter that matches nothing is not an error (exit 0, with a note on stderr).
+
+Output: `table` (default) prints a width-limited table, 20 rows unless --limit says
+otherwise; csv, jsonl and parquet write every matching row to --output (csv and jsonl may go
+to stdout). In CSV the token-id and log-prob list columns are JSON lists; float32 values are
+written at float32 precision (0.1, not 0.10000000149011612). Parquet keeps the Arrow types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import flows  # noqa: F401  (the package's environment defaults; harmless here)
+
+DEFAULT_TABLE_LIMIT = 20
+MAX_CELL = 40  # widest a table cell gets before it is truncated
+MIN_CELL = 6
+# Rollout columns shown by the table format when --columns is not given: the ids, token lists
+# and log-probs do not fit a terminal (ask for them with --columns or write a file).
+TABLE_ROLLOUT_COLUMNS = [
+    "seq", "policy_version", "step", "sample_index", "prompt", "completion",
+    "reward", "correct", "advantage", "num_tokens", "reuse_count",
+]
+
+EXAMPLES = """\
+examples:
+  python -m flows.query runs                                  # every run under ./runs/lancedb
+  python -m flows.query runs --root /data/replay-runs         # another tracking.root_dir
+  python -m flows.query rollouts RUN_ID --versions 10:20 --correct
+  python -m flows.query rollouts RUN_ID --steps 100: --reward-max 0 --min-reuse 3 --limit 50
+  python -m flows.query rollouts RUN_ID --columns seq,completion,completion_ids,reuse_count
+  python -m flows.query rollouts RUN_ID --format parquet --output rollouts.parquet
+  python -m flows.query usage RUN_ID --learner-steps 0:9 --format csv --output usage.csv
+  python -m flows.query summary RUN_ID --by staleness --format jsonl
+
+ranges are inclusive LO:HI (0:10); LO: and :HI leave one end open, 5:5 is one value.
+The LanceDB database is <root>/lancedb (a training run writes it there); --uri names one directly.
+"""
+
+
+# ------------------------------------------------------------------ argument types
+def _range_type(flag: str) -> Callable[[str], tuple[int | None, int | None]]:
+    def parse(text: str) -> tuple[int | None, int | None]:
+        lo_text, sep, hi_text = text.partition(":")
+        hint = "use LO:HI, e.g. 0:10 (inclusive; 5:5 for one value, 5: for 5 and up, :5 for up to 5)"
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a range: {hint}")
+        try:
+            lo = int(lo_text) if lo_text.strip() else None
+            hi = int(hi_text) if hi_text.strip() else None
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a range of integers: {hint}") from None
+        if lo is None and hi is None:
+            raise argparse.ArgumentTypeError(f"{text!r} gives neither end: {hint}")
+        if lo is not None and hi is not None and lo > hi:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text} is an empty range: LO must be <= HI, e.g. {flag} {hi}:{lo}"
+            )
+        return lo, hi
+
+    return parse
+
+
+def _number_type(cast, ok, what: str, example: str):
+    """An argparse type: `cast` the text, accept it if `ok(value)`, else say what was expected."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}, e.g. {example}")
+        return value
+    return parse
+
+
+_positive_int = _number_type(int, lambda v: v >= 1, "a positive integer", "--limit 50")
+_non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer", "2")
+_float = _number_type(float, lambda v: not math.isnan(v), "a number", "0.5")
+
+
+def _column_list(text: str) -> list[str]:
+    columns = [c.strip() for c in text.split(",") if c.strip()]
+    if not columns:
+        raise argparse.ArgumentTypeError(f"{text!r} names no columns: use a,b,c, e.g. seq,reward,completion")
+    return columns
+
+
+# ------------------------------------------------------------------ the parser
+def build_parser() -> argparse.ArgumentParser:
+    where = argparse.ArgumentParser(add_help=False)
+    loc = where.add_argument_group("where the runs are")
+    one = loc.add_mutually_exclusive_group()
+    one.add_argument("--root", default="runs",
+                     help="the runs' tracking.root_dir; the database is ROOT/lancedb (default: runs)")
+    one.add_argument("--uri", help="a LanceDB database directly (a directory or an object-store URI)")
+
+    output = argparse.ArgumentParser(add_help=False)
+    out = output.add_argument_group("output")
+    out.add_argument("--columns", type=_column_list, metavar="A,B,C", help="columns to show, comma-separated")
+    out.add_argument("--limit", type=_positive_int, metavar="N",
+                     help=f"at most N rows (default: {DEFAULT_TABLE_LIMIT} for table, all rows for files)")
+    out.add_argument("--format", choices=["table", "csv", "jsonl", "parquet"], default="table",
+                     help="table (default), csv, jsonl or parquet")
+    out.add_argument("--output", metavar="FILE", help="write to FILE (required for parquet; csv/jsonl default to stdout)")
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.query",
+        description="Read the rollouts and usage records of any run (rollouts_<run_id> and "
+                    "usage_<run_id> in the LanceDB database) as a table, CSV, JSONL or Parquet.",
+        epilog=EXAMPLES, formatter_class=fmt,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{runs,rollouts,usage,summary}", required=True)
+
+    sub.add_parser("runs", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+                   help="list the runs: rollouts, usage records, policy versions, times, tags",
+                   description="List the runs in the database.")
+
+    p = sub.add_parser("rollouts", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+                       help="a run's rollouts, filtered, with their reuse counts",
+                       description="A run's rollouts in append order (seq), with reuse_count: how many "
+                                   "learner steps used each. Filters combine with AND.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    f = p.add_argument_group("filters (ranges are inclusive LO:HI)")
+    f.add_argument("--versions", type=_range_type("--versions"), metavar="LO:HI",
+                   help="policy versions that generated the rollouts")
+    f.add_argument("--steps", type=_range_type("--steps"), metavar="LO:HI", help="generation steps")
+    f.add_argument("--reward-min", type=_float, metavar="X", help="reward >= X")
+    f.add_argument("--reward-max", type=_float, metavar="X", help="reward <= X")
+    c = f.add_mutually_exclusive_group()
+    c.add_argument("--correct", dest="correct", action="store_const", const=True, help="only correct rollouts")
+    c.add_argument("--incorrect", dest="correct", action="store_const", const=False, help="only incorrect ones")
+    f.add_argument("--min-reuse", type=_non_negative_int, metavar="N", help="used at least N times")
+    f.add_argument("--max-reuse", type=_non_negative_int, metavar="N", help="used at most N times (0: never)")
+
+    p = sub.add_parser("usage", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+                       help="a run's usage records: which rollouts each learner step used",
+                       description="A run's usage records, one per (learner step, minibatch position), "
+                                   "sorted by learner step.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    f = p.add_argument_group("filters (ranges are inclusive LO:HI)")
+    f.add_argument("--learner-steps", type=_range_type("--learner-steps"), metavar="LO:HI", help="learner steps")
+    f.add_argument("--steps", type=_range_type("--steps"), metavar="LO:HI", help="generation steps at use")
+    f.add_argument("--versions", type=_range_type("--versions"), metavar="LO:HI",
+                   help="the learner's policy version at use")
+
+    p = sub.add_parser("summary", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+                       help="per-version statistics, or the staleness or reuse histogram",
+                       description="version: rollouts, mean reward, accuracy and mean length per policy "
+                                   "version; staleness: uses per staleness; reuse: rollouts per reuse count.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--by", choices=["version", "staleness", "reuse"], default="version",
+                   help="what to summarise (default: version)")
+    return parser
+
+
+# ------------------------------------------------------------------ commands
+class QueryError(Exception):
+    """Bad input found by the CLI itself; exit status 2 with this message."""
+
+
+def _database(args: argparse.Namespace) -> str:
+    if args.uri:
+        uri = args.uri
+        looked = f"--uri {args.uri}"
+    else:
+        uri = str(Path(args.root) / "lancedb")
+        looked = f"--root {args.root}"
+    if "://" not in uri or uri.startswith("file://"):
+        path = Path(uri.removeprefix("file://")).expanduser().resolve()
+        if not path.is_dir():
+            raise QueryError(
+                f"no LanceDB database at {path} (from {looked}). A training run writes it to "
+                f"<tracking.root_dir>/lancedb, e.g. `python -m flows.train tracking.root_dir=runs` "
+                f"writes runs/lancedb: pass the run's --root DIR, or --uri PATH of the database"
+            )
+    return uri
+
+
+def _described(args: argparse.Namespace, flags: list[tuple[str, str]]) -> str:
+    parts = []
+    for attr, flag in flags:
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            lo, hi = value
+            parts.append(f"{flag} {'' if lo is None else lo}:{'' if hi is None else hi}")
+        elif attr == "correct":
+            parts.append("--correct" if value else "--incorrect")
+        else:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
+_ROLLOUT_FLAGS = [("versions", "--versions"), ("steps", "--steps"), ("reward_min", "--reward-min"),
+                  ("reward_max", "--reward-max"), ("correct", "--correct"), ("min_reuse", "--min-reuse"),
+                  ("max_reuse", "--max-reuse")]
+_USAGE_FLAGS = [("learner_steps", "--learner-steps"), ("steps", "--steps"), ("versions", "--versions")]
+
+
+def _limit(args: argparse.Namespace, default_for_table: int | None) -> int | None:
+    if args.limit is not None:
+        return args.limit
+    return default_for_table if args.format == "table" else None
+
+
+def _cmd_rollouts(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
+    filters = {a: getattr(args, a) for a, _ in _ROLLOUT_FLAGS}
+    limit = _limit(args, DEFAULT_TABLE_LIMIT)
+    columns = args.columns or (TABLE_ROLLOUT_COLUMNS if args.format == "table" else None)
+    result = analysis.rollouts(uri, args.run_id, columns=columns, limit=limit, **filters)
+    matched = result.num_rows
+    if limit is not None and matched == limit:
+        matched = analysis.count_rollouts(uri, args.run_id, **filters)
+    empty = ""
+    if matched == 0:
+        info = analysis.run_info(uri, args.run_id)
+        desc = _described(args, _ROLLOUT_FLAGS)
+        span = (f"policy versions {info['min_policy_version']}..{info['max_policy_version']}"
+                if info["rollouts"] else "no rows yet")
+        empty = (f"no rollouts of run {args.run_id} match {desc or 'the query'} "
+                 f"(the run has {info['rollouts']} rollouts, {span}, {info['usage_records']} usage records)")
+    return result, matched, empty
+
+
+def _cmd_usage(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
+    filters = {a: getattr(args, a) for a, _ in _USAGE_FLAGS}
+    limit = _limit(args, DEFAULT_TABLE_LIMIT)
+    result = analysis.usage(uri, args.run_id, columns=args.columns, limit=limit, **filters)
+    matched = result.num_rows
+    if limit is not None and matched == limit:
+        matched = analysis.count_usage(uri, args.run_id, **filters)
+    empty = ""
+    if matched == 0:
+        total = analysis.count_usage(uri, args.run_id)
+        if total == 0:
+            empty = (f"run {args.run_id} has no usage records (no usage_{args.run_id} table: the run "
+                     f"predates the usage log, or no learner step has run yet)")
+        else:
+            empty = (f"no usage records of run {args.run_id} match {_described(args, _USAGE_FLAGS)} "
+                     f"(the run has {total})")
+    return result, matched, empty
+
+
+def _select(table: Any, columns: list[str] | None, what: str) -> Any:
+    if columns is None:
+        return table
+    unknown = [c for c in columns if c not in table.column_names]
+    if unknown:
+        raise QueryError(f"unknown {what} columns {unknown}; valid columns: {table.column_names}")
+    return table.select(columns)
+
+
+def _cmd_summary(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
+    fn = {"version": analysis.per_version_summary, "staleness": analysis.staleness_histogram,
+          "reuse": analysis.reuse_histogram}[args.by]
+    result = _select(fn(uri, args.run_id), args.columns, f"summary --by {args.by}")
+    matched = result.num_rows
+    if args.limit is not None and matched > args.limit:
+        result = result.slice(0, args.limit)
+    empty = ""
+    if matched == 0:
+        empty = (f"run {args.run_id} has no usage records to summarise (no usage_{args.run_id} table, "
+                 f"or it is empty)" if args.by == "staleness" else f"run {args.run_id} has no rollouts yet")
+    return result, matched, empty
+
+
+def _cmd_runs(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
+    result = _select(analysis.list_runs(uri), args.columns, "runs")
+    matched = result.num_rows
+    if args.limit is not None and matched > args.limit:
+        result = result.slice(0, args.limit)
+    empty = f"no runs in {uri}: it holds no rollouts_<run_id> tables" if matched == 0 else ""
+    return result, matched, empty
+
+
+COMMANDS = {"runs": _cmd_runs, "rollouts": _cmd_rollouts, "usage": _cmd_usage, "summary": _cmd_summary}
+
+
+# ------------------------------------------------------------------ rendering
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, list):
+        return "[" + ", ".join(_cell(v) for v in value) + "]"
+    text = str(value)
+    return text.replace("\n", "\\n").replace("\t", "\\t")
+
+
+def _truncate(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def render_table(table: Any, width: int) -> tuple[str, list[str]]:
+    """The rows as a plain-text table at most ``width`` characters wide, and the names of the
+    columns left out because they did not fit.
+
+    Numbers and timestamps are never truncated (a cut number misleads); long headers are
+    abbreviated first, then text and list cells, and only then are columns left out."""
+    import pyarrow as pa
+
+    names = list(table.column_names)
+    cells = {n: [_cell(v) for v in table.column(n).to_pylist()] for n in names}
+    exact = {n: not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_list(t)
+                     or pa.types.is_large_list(t)) for n, t in zip(names, table.schema.types)}
+    numeric = {n: pa.types.is_integer(t) or pa.types.is_floating(t) for n, t in zip(names, table.schema.types)}
+    content = {n: max(map(len, cells[n]), default=0) for n in names}
+    widths = {n: max(len(n), min(content[n], MAX_CELL)) for n in names}
+    sep = "  "
+
+    def total(cols: list[str]) -> int:
+        return sum(widths[c] for c in cols) + len(sep) * (len(cols) - 1)
+
+    def header_floor(n: str, shortest: int) -> int:
+        return max(min(content[n], MAX_CELL), min(len(n), shortest))
+
+    def text_floor(n: str, shortest: int) -> int:
+        return widths[n] if exact[n] else max(min(len(n), shortest), min(content[n], shortest))
+
+    stages = [lambda n: header_floor(n, 10), lambda n: text_floor(n, 12),
+              lambda n: header_floor(n, MIN_CELL), lambda n: text_floor(n, MIN_CELL)]
+    shown = list(names)
+    for floor in stages:
+        while total(shown) > width:
+            over = [c for c in shown if widths[c] > floor(c)]
+            if not over:
+                break
+            widths[max(over, key=lambda c: widths[c])] -= 1
+    while total(shown) > width and len(shown) > 1:
+        shown.pop()
+
+    def line(values: list[str]) -> str:
+        out = []
+        for c, v in zip(shown, values):
+            v = _truncate(v, widths[c])
+            out.append(v.rjust(widths[c]) if numeric[c] else v.ljust(widths[c]))
+        return sep.join(out).rstrip()
+
+    lines = [line(shown), sep.join("-" * widths[c] for c in shown)]
+    lines += [line([cells[c][i] for c in shown]) for i in range(table.num_rows)]
+    return "\n".join(lines), [c for c in names if c not in shown]
+
+
+def _text_ready(table: Any) -> Any:
+    """float32 (scalar or list) columns as float64 at float32 precision, for text formats."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for i, field in enumerate(table.schema):
+        t = field.type
+        if pa.types.is_float32(t):
+            col = pc.cast(pc.cast(table.column(i), pa.string()), pa.float64())
+        elif pa.types.is_list(t) and pa.types.is_float32(t.value_type):
+            col = pc.cast(pc.cast(table.column(i), pa.list_(pa.string())), pa.list_(pa.float64()))
+        else:
+            continue
+        table = table.set_column(i, pa.field(field.name, col.type), col)
+    return table
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def write_csv(table: Any, sink: Any) -> None:
+    """CSV with a header; list columns (token ids, log-probs, tags) as JSON lists."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    table = _text_ready(table)
+    for i, field in enumerate(table.schema):
+        if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
+            values = [None if v is None else json.dumps(v) for v in table.column(i).to_pylist()]
+            table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(values, pa.string()))
+    pcsv.write_csv(table, sink)
+
+
+def write_jsonl(table: Any, sink: Any) -> None:
+    """One JSON object per row; lists stay JSON lists, timestamps are ISO 8601."""
+    table = _text_ready(table)
+    for batch in table.to_batches():
+        for row in batch.to_pylist():
+            sink.write((json.dumps(row, default=_json_default, ensure_ascii=False) + "\n").encode())
+
+
+def _emit(args: argparse.Namespace, result: Any, matched: int, empty: str, what: str) -> None:
+    if empty:
+        print(empty, file=sys.stderr)
+    if args.format == "table":
+        if matched == 0:
+            return
+        width = shutil.get_terminal_size((120, 24)).columns
+        text, dropped = render_table(result, width)
+        notes = []
+        if result.num_rows < matched:
+            notes.append(f"{matched} {what} matched, the first {result.num_rows} shown "
+                         f"(--limit N for more, --format csv --output FILE for all)")
+        else:
+            notes.append(f"{matched} {what}")
+        if dropped:
+            notes.append(f"columns left out to fit {width} characters: {', '.join(dropped)} "
+                         f"(choose with --columns, or widen the terminal)")
+        body = text + "\n" + "\n".join(notes) + "\n"
+        if args.output:
+            Path(args.output).write_text(body)
+        else:
+            sys.stdout.write(body)
+        return
+    if args.format == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(result, args.output)
+    else:
+        writer = write_csv if args.format == "csv" else write_jsonl
+        if args.output:
+            with open(args.output, "wb") as sink:
+                writer(result, sink)
+        else:
+            sys.stdout.flush()
+            writer(result, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+    if args.output:
+        print(f"wrote {result.num_rows} {what} to {args.output}", file=sys.stderr)
+
+
+_WHAT = {"runs": "runs", "rollouts": "rollouts", "usage": "usage records", "summary": "rows"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.format == "parquet" and not args.output:
+        parser.error("--format parquet writes a binary file: add --output FILE, e.g. --output rollouts.parquet")
+    for lo, hi in (("reward_min", "reward_max"), ("min_reuse", "max_reuse")):
+        a, b = getattr(args, lo, None), getattr(args, hi, None)
+        if a is not None and b is not None and a > b:
+            flag_lo, flag_hi = "--" + lo.replace("_", "-"), "--" + hi.replace("_", "-")
+            parser.error(f"{flag_lo} {a} > {flag_hi} {b} matches nothing: give {flag_lo} <= {flag_hi} (both inclusive)")
+    try:
+        uri = _database(args)
+        from replay_pipeline import analysis  # after parsing: lancedb is slow to import
+
+        result, matched, empty = COMMANDS[args.command](analysis, uri, args)
+    except (QueryError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        _emit(args, result, matched, empty, _WHAT[args.command])
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):  # `... | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        print(f"error: cannot write {args.output or 'the output'}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

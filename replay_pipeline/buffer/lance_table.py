@@ -1,0 +1,463 @@
+"""What the run's tables have in common: an append-only, versioned LanceDB table per run whose
+rows carry deterministic ids. :class:`LanceTable` holds that machinery once;
+:class:`~replay_pipeline.buffer.store.RolloutStore` (``rollouts_<run_id>``) and
+:class:`~replay_pipeline.buffer.usage.UsageStore` (``usage_<run_id>``) are thin subclasses that
+set the class attributes (schema, id column, sort order, table prefix, indexed columns) and add
+their own queries.
+
+Decisions (DESIGN.md, principles 1, 3, 4 and 5):
+
+* **Idempotent appends without ``merge_insert``.** Ids are deterministic, so a write whose
+  outcome is unknown can be retried. :meth:`LanceTable._append` looks up which of the batch's
+  ids are already stored, through the btree index on the id column, and appends only the
+  others as one new fragment (a plain Lance append, what lancedb's ``table.add`` does): a
+  committed batch that is retried inserts nothing and makes no commit. ``merge_insert`` joins
+  the batch against the whole id column and costs several times more: the previous design
+  (``merge_insert`` after an unindexed lookup) appended ~12k rows/s at 300k rows on this
+  2-core machine, this one ~60k rows/s at 1M (``python -m replay_pipeline.benchmarks.buffer``).
+* **The id lookup is one range probe, not an ``IN`` list.** The lookup reads the stored ids
+  between the batch's smallest and largest id (``id >= lo AND id <= hi``, one btree probe) and
+  intersects them with the batch in memory. Deterministic ids sort by run and step, so a batch
+  of one step's rollouts spans nothing but its own ids (a 2,048-string ``IN`` list would cost
+  ~20 ms to plan alone). If the range holds many other rows (ids from far-apart steps in one
+  batch), the lookup falls back to exact ``IN`` lists.
+* **Indexes.** :meth:`create` builds a btree index on every column in ``INDEXED``; filters on
+  them (and the id lookup) are answered from the index. An index covers the rows present when
+  it was built or last refreshed; rows appended since are scanned, correctly but more slowly,
+  until :meth:`compact` runs (merge the small per-append fragments, then add the new rows to
+  every index). The training loop compacts every ``buffer.compact_every`` steps.
+  :meth:`compact` also creates any index missing from a table made by an older version.
+* **Reads and appends go to the Lance dataset under the lancedb table** (:meth:`_dataset`): the
+  same pushed-down scans as lancedb's ``search()``, without its few milliseconds of overhead
+  per call, and several times faster over not-yet-indexed fragments. :meth:`compact` calls
+  Lance's compaction directly too (for its fragment-size option). lancedb creates, opens,
+  lists, counts, tags and builds the indexes.
+* **Other writers are visible.** The connection uses ``read_consistency_interval=timedelta(0)``,
+  so every read checks for commits by other handles and processes.
+* **Versions and tags.** Every commit is a Lance version; :meth:`tag` names one and
+  :meth:`read_at` reads the table as it was then through a separate handle, so the live handle
+  keeps following the newest version.
+
+Concurrency (lancedb 0.40): several processes may append to one table and every commit
+succeeds (appends never conflict). The lookup and the append are two steps, so two writers that
+append the *same* new id at the same moment would both insert it: each writer must own its ids,
+which deterministic ids per (run, step, group, sample) or (run, learner step, position) give.
+Retrying one's own write after it returned or failed is always safe.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from lancedb.index import BTree
+
+from .schema import SchemaMismatch, rows_to_table, schema_mismatches
+
+__all__ = ["COMPACT_TARGET_ROWS", "LanceTable", "StoreError", "int_filter", "sql_str", "table_names"]
+
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
+# Rows besides the batch's own that the id lookup's range may hold before it falls back to
+# IN lists.
+_ID_RANGE_SLACK = 1024
+#: Fragments below this many rows are merged by :meth:`LanceTable.compact`. Lance's default
+#: (1M) makes every compaction rewrite all the rows since the last full fragment again, so its
+#: cost grows with the table (~9 s per compaction at 1M rows here); at 128k a row is rewritten
+#: once or twice and a compaction costs ~1-3 s however large the table is.
+COMPACT_TARGET_ROWS = 1 << 17
+_KEEP_VERSIONS = timedelta(days=7)  # lancedb's optimize() default
+# Values per `col IN (...)` filter; planning cost grows with the list, so keep it modest.
+_IN_CHUNK = 1024
+
+
+class StoreError(RuntimeError):
+    """A store operation was refused; the message says why and what to do instead."""
+
+
+def sql_str(value: str) -> str:
+    """A SQL string literal (single quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _connect(uri: str | Path, storage_options: Mapping[str, str] | None) -> lancedb.DBConnection:
+    return lancedb.connect(
+        str(uri),
+        read_consistency_interval=timedelta(0),
+        storage_options=dict(storage_options) if storage_options else None,
+    )
+
+
+def table_names(db: lancedb.DBConnection) -> list[str]:
+    """Every table name in the database (all pages of ``list_tables``)."""
+    names: list[str] = []
+    token = None
+    while True:
+        resp = db.list_tables(page_token=token)
+        names.extend(resp.tables)
+        token = resp.page_token
+        if not token:
+            return names
+
+
+def _exists(uri: str | Path) -> bool:
+    """False only for a local path that does not exist (connecting would create it)."""
+    local = "://" not in str(uri) or str(uri).startswith("file://")
+    return not local or Path(str(uri).removeprefix("file://")).exists()
+
+
+def _chunks(values: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    return (values[i : i + size] for i in range(0, len(values), size))
+
+
+def int_filter(column: str, values: np.ndarray) -> list[str]:
+    """Pushed-down filters selecting the rows whose integer ``column`` is in ``values``.
+
+    One range filter when the values are dense (their span is at most 4x their number, as for
+    a window); otherwise ``IN`` lists of :data:`_IN_CHUNK`. Callers drop the extra rows a range
+    may return.
+    """
+    values = np.unique(np.asarray(values, dtype=np.int64))
+    if len(values) == 0:
+        return []
+    lo, hi = int(values[0]), int(values[-1])
+    if hi - lo + 1 <= 4 * len(values):
+        return [f"{column} >= {lo} AND {column} <= {hi}"]
+    return [f"{column} IN ({', '.join(map(str, chunk))})" for chunk in _chunks(values.tolist(), _IN_CHUNK)]
+
+
+class LanceTable:
+    """A run's append-only LanceDB table, ``<TABLE_PREFIX><run_id>``, with deterministic row ids.
+
+    Subclasses set the class attributes below and use :meth:`_append`, :meth:`_query` and
+    :meth:`_ordered`; everything else (create/open/list, schema checks, tags, versions,
+    compaction) is shared.
+    """
+
+    SCHEMA: ClassVar[pa.Schema]
+    SCHEMA_NAME: ClassVar[str]
+    """The schema's constant name, for error messages (``ROLLOUT_SCHEMA``)."""
+    KIND: ClassVar[str]
+    """What a row is, for error messages (``rollout``)."""
+    TABLE_PREFIX: ClassVar[str]
+    ID_COLUMN: ClassVar[str]
+    ORDER: ClassVar[tuple[str, ...]]
+    """Sort key of every multi-row read; the last column breaks ties."""
+    INDEXED: ClassVar[tuple[str, ...]]
+    ASSIGNED: ClassVar[tuple[str, ...]] = ()
+    """Columns the store fills in on append (callers leave them out or null)."""
+
+    def __init__(self, db: lancedb.DBConnection, table: Any, uri: str, run_id: str):
+        # Use the classmethods; this only wires an already opened table.
+        self._db = db
+        self._table = table
+        self.uri = uri
+        self.run_id = run_id
+        self.table_name = self.table_name_for(run_id)
+        self._live: Any = None  # the Lance dataset at the newest version read so far
+        self._cache: Any = None  # the Lance cache session all of them share
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def table_name_for(cls, run_id: str) -> str:
+        """``<TABLE_PREFIX><run_id>``, after checking ``run_id`` matches ``[A-Za-z0-9_-]+``."""
+        if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
+            raise StoreError(
+                f"invalid run_id {run_id!r}: use only letters, digits, '_' and '-' "
+                f"(it becomes part of the table name {cls.TABLE_PREFIX}<run_id>)"
+            )
+        return cls.TABLE_PREFIX + run_id
+
+    @classmethod
+    def create(cls, uri: str | Path, run_id: str, *, storage_options: Mapping[str, str] | None = None):
+        """Create the (empty) table of a new run, with its indexes. Refuses if it exists."""
+        name = cls.table_name_for(run_id)
+        db = _connect(uri, storage_options)
+        exists_msg = (
+            f"{cls.KIND} table {name!r} for run {run_id!r} already exists in {str(uri)!r}; "
+            f"use {cls.__name__}.open(...) to resume the run (or open_or_create), "
+            f"or choose a new run_id"
+        )
+        if name in table_names(db):
+            raise StoreError(exists_msg)
+        try:
+            table = db.create_table(name, schema=cls.SCHEMA)
+        except ValueError as exc:  # lost a race with another creator
+            if "already exists" in str(exc):
+                raise StoreError(exists_msg) from exc
+            raise
+        store = cls(db, table, str(uri), run_id)
+        store._ensure_indexes()
+        return store
+
+    @classmethod
+    def open(cls, uri: str | Path, run_id: str, *, storage_options: Mapping[str, str] | None = None):
+        """Open an existing run's table; checks its schema and modifies nothing."""
+        name = cls.table_name_for(run_id)
+        if not _exists(uri):
+            raise StoreError(
+                f"no {cls.KIND} table for run {run_id!r}: {str(uri)!r} does not exist; "
+                f"use {cls.__name__}.create(...) to start a new run"
+            )
+        db = _connect(uri, storage_options)
+        names = table_names(db)
+        if name not in names:
+            runs = cls._runs_in(names)
+            raise StoreError(
+                f"no {cls.KIND} table for run {run_id!r} in {str(uri)!r} (runs there: {runs or 'none'}); "
+                f"use {cls.__name__}.create(...) to start a new run"
+            )
+        table = db.open_table(name)
+        problems = schema_mismatches(table.schema, expected=cls.SCHEMA)
+        if problems:
+            raise StoreError(
+                f"{cls.KIND} table {name!r} in {str(uri)!r} does not match {cls.SCHEMA_NAME}: "
+                + "; ".join(problems)
+                + " (the table was left unchanged)"
+            )
+        return cls(db, table, str(uri), run_id)
+
+    @classmethod
+    def open_or_create(cls, uri: str | Path, run_id: str, *, storage_options: Mapping[str, str] | None = None):
+        """Open the run's table if it exists, else create it."""
+        cls.table_name_for(run_id)  # validates run_id
+        if run_id in cls.list_runs(uri, storage_options=storage_options):
+            return cls.open(uri, run_id, storage_options=storage_options)
+        try:
+            return cls.create(uri, run_id, storage_options=storage_options)
+        except StoreError:  # created by someone else in between
+            return cls.open(uri, run_id, storage_options=storage_options)
+
+    @classmethod
+    def list_runs(cls, uri: str | Path, *, storage_options: Mapping[str, str] | None = None) -> list[str]:
+        """The run ids that have a table of this kind at ``uri``, sorted; [] if ``uri`` does not exist."""
+        if not _exists(uri):
+            return []  # connecting would create the directory
+        return cls._runs_in(table_names(_connect(uri, storage_options)))
+
+    @classmethod
+    def _runs_in(cls, names: Iterable[str]) -> list[str]:
+        return sorted(n[len(cls.TABLE_PREFIX):] for n in names if n.startswith(cls.TABLE_PREFIX))
+
+    def _ensure_indexes(self) -> None:
+        have = {tuple(ix.columns) for ix in self._table.list_indices()}
+        for column in self.INDEXED:
+            if (column,) not in have:
+                self._table.create_index(column, config=BTree())
+
+    # ------------------------------------------------------------------ writing
+    def _to_input_table(self, data: Any) -> pa.Table:
+        refused = f"cannot append to {self.table_name!r}"
+        if isinstance(data, pa.RecordBatch):
+            data = pa.Table.from_batches([data])
+        if not isinstance(data, pa.Table):
+            if isinstance(data, Mapping):
+                raise StoreError(f"{refused}: pass a pyarrow Table or a list of row dicts, not a single dict")
+            try:
+                return rows_to_table(list(data), self.SCHEMA, assigned=self.ASSIGNED, noun=self.KIND)
+            except SchemaMismatch as exc:
+                raise StoreError(f"{refused}: {exc}") from exc
+        problems = schema_mismatches(data.schema, expected=self.SCHEMA, optional=self.ASSIGNED)
+        if problems:
+            raise StoreError(
+                f"{refused}: the batch does not match {self.SCHEMA_NAME}: " + "; ".join(problems)
+                + " (nothing was written)"
+            )
+        for column in self.ASSIGNED:
+            if column not in data.column_names:
+                data = data.append_column(column, pa.nulls(data.num_rows, self.SCHEMA.field(column).type))
+            elif data.column(column).null_count != data.num_rows:
+                raise StoreError(
+                    f"{refused}: the batch has {column} values, but {column} is assigned by the "
+                    f"store; drop the column or leave it null"
+                )
+        return data.select(self.SCHEMA.names).cast(self.SCHEMA)
+
+    def _check_batch(self, data: pa.Table) -> None:
+        refused = f"cannot append to {self.table_name!r}"
+        ids = data.column(self.ID_COLUMN)
+        if ids.null_count:
+            raise StoreError(f"{refused}: {ids.null_count} rows have a null {self.ID_COLUMN}")
+        if pc.count_distinct(ids).as_py() != len(ids):
+            counts = pc.value_counts(ids)
+            dups = sorted(counts.field("values").filter(pc.greater(counts.field("counts"), 1)).to_pylist())
+            raise StoreError(f"{refused}: duplicate {self.ID_COLUMN} within the batch: {dups[:5]}")
+        run_ids = pc.unique(data.column("run_id")).to_pylist()
+        if run_ids != [self.run_id]:
+            raise StoreError(
+                f"{refused}: rows carry run_id {sorted(map(str, run_ids))}, expected only {self.run_id!r}"
+            )
+
+    def _stored_ids(self, ids: pa.ChunkedArray | pa.Array) -> pa.Array:
+        """The subset of ``ids`` already stored (see the module docstring for the lookup)."""
+        col = self.ID_COLUMN
+        lo, hi = pc.min_max(ids).values()
+        limit = len(ids) + _ID_RANGE_SLACK
+        span = f"{col} >= {sql_str(lo.as_py())} AND {col} <= {sql_str(hi.as_py())}"
+        hits = self._query(span, [col], limit=limit).column(col)
+        if len(hits) >= limit:  # the range spans many other rows: look the ids up exactly
+            ordered = sorted(ids.to_pylist())
+            found = [
+                self._query(f"{col} IN ({', '.join(map(sql_str, chunk))})", [col]).column(col)
+                for chunk in _chunks(ordered, _IN_CHUNK)
+            ]
+            hits = pa.chunked_array([c for f in found for c in f.chunks], pa.string())
+        return pc.filter(hits, pc.is_in(hits, value_set=ids)).combine_chunks()
+
+    def _assign(self, data: pa.Table) -> pa.Table:
+        """Fill in the ``ASSIGNED`` columns of the rows about to be inserted (none by default)."""
+        return data
+
+    def _append(self, data: Any) -> int:
+        """Validate, drop the rows whose id is stored, assign, append; returns rows inserted."""
+        data = self._to_input_table(data)
+        if data.num_rows == 0:
+            return 0
+        self._check_batch(data)
+        stored = self._stored_ids(data.column(self.ID_COLUMN))
+        if len(stored):
+            data = data.filter(pc.invert(pc.is_in(data.column(self.ID_COLUMN), value_set=stored)))
+            if data.num_rows == 0:
+                return 0
+        self._dataset().insert(self._assign(data))
+        return data.num_rows
+
+    # ------------------------------------------------------------------ reading
+    def _dataset(self, table: Any = None) -> Any:
+        """The Lance dataset behind ``table`` (default: the live table at its newest version).
+
+        The live dataset is reopened only when the version changed (an own append moves it
+        along in place), and every dataset shares one cache session, so index pages stay
+        cached from one version to the next.
+        """
+        if table is not None:
+            return table.to_lance(session=self._session())
+        version = self._table.version  # checks for other writers' commits
+        if self._live is None or self._live.version != version:
+            self._live = self._table.to_lance(session=self._session())
+        return self._live
+
+    def _session(self) -> Any:
+        if self._cache is None:
+            self._cache = self._table.to_lance().session()
+        return self._cache
+
+    def _query(
+        self, where: str | None, columns: Sequence[str] | None, table: Any = None, limit: int | None = None
+    ) -> pa.Table:
+        """Rows matching ``where`` (pushed down; None: all), with only ``columns``, unordered."""
+        return self._dataset(table).to_table(
+            columns=None if columns is None else list(columns), filter=where, limit=limit
+        )
+
+    def _check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        if columns is None:
+            return None
+        columns = list(columns)
+        unknown = [c for c in columns if c not in self.SCHEMA.names]
+        if unknown:
+            raise StoreError(f"unknown columns {unknown}; the {self.KIND} table has {self.SCHEMA.names}")
+        return columns
+
+    def _fetch_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        """``columns`` plus the sort key (None: every column)."""
+        return None if columns is None else list(dict.fromkeys([*columns, *self.ORDER]))
+
+    def _empty(self, columns: Sequence[str] | None) -> pa.Table:
+        empty = self.SCHEMA.empty_table()
+        return empty if columns is None else empty.select(list(columns))
+
+    def _sorted(self, out: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+        out = out.sort_by([(c, "ascending") for c in self.ORDER])
+        return out if columns is None else out.select(list(columns))
+
+    def _ordered(self, where: str | None, columns: Sequence[str] | None, table: Any = None) -> pa.Table:
+        """Rows matching ``where`` (pushed down), sorted by ``ORDER``, with only ``columns``."""
+        columns = self._check_columns(columns)
+        return self._sorted(self._query(where, self._fetch_columns(columns), table), columns)
+
+    def count(self) -> int:
+        """Rows stored (all writers' commits so far)."""
+        return self._table.count_rows()
+
+    def compact(self) -> None:
+        """Merge the small per-append fragments, add the new rows to every index, and drop
+        untagged versions older than a week (what lancedb's ``optimize`` does, with a smaller
+        fragment target, see :data:`COMPACT_TARGET_ROWS`); creates any index the table lacks.
+        Rows and tagged versions are kept. A run calls this every ``buffer.compact_every``
+        steps so appends and reads stay fast."""
+        self._ensure_indexes()
+        if self.count() == 0:
+            return
+        self._dataset().optimize.compact_files(target_rows_per_fragment=COMPACT_TARGET_ROWS)
+        self._dataset().optimize.optimize_indices()
+        self._dataset().cleanup_old_versions(older_than=_KEEP_VERSIONS, error_if_tagged_old_versions=False)
+
+    # ------------------------------------------------------------------ versions and tags
+    @property
+    def version(self) -> int:
+        """The table's current (newest) Lance version."""
+        return int(self._table.version)
+
+    @property
+    def table(self) -> Any:
+        """The underlying ``lancedb`` table (for fork/shallow_clone, maintenance and queries)."""
+        return self._table
+
+    def tags(self) -> dict[str, int]:
+        """Tag name -> table version."""
+        return {name: int(info["version"]) for name, info in self._table.tags.list().items()}
+
+    def tag(self, name: str, version: int | None = None) -> None:
+        """Tag ``version`` (default: the current one) as ``name``.
+
+        Idempotent: re-tagging the same version is a no-op; a tag that already points at a
+        different version is an error (tags are never moved). Names may use letters, digits,
+        ``.``, ``-`` and ``_``.
+        """
+        version = self.version if version is None else int(version)
+        existing = self.tags()
+        if name in existing:
+            if existing[name] == version:
+                return
+            raise StoreError(
+                f"tag {name!r} on {self.table_name!r} already points at version {existing[name]}, "
+                f"not {version}; tags are never moved, choose another name"
+            )
+        try:
+            self._table.tags.create(name, version)
+        except (RuntimeError, ValueError) as exc:
+            if self.tags().get(name) == version:  # created concurrently by a retry of the same call
+                return
+            raise StoreError(f"cannot tag version {version} of {self.table_name!r} as {name!r}: {exc}") from exc
+
+    def read_at(self, tag_or_version: str | int, columns: Sequence[str] | None = None) -> pa.Table:
+        """The whole table as it was at a tag or version, sorted by ``ORDER``.
+
+        Reads through a separate handle, so this store keeps following the newest version.
+        """
+        if isinstance(tag_or_version, str):
+            tags = self.tags()
+            if tag_or_version not in tags:
+                raise StoreError(f"no tag {tag_or_version!r} on {self.table_name!r}; tags: {sorted(tags) or 'none'}")
+            version = tags[tag_or_version]
+        elif isinstance(tag_or_version, (int, np.integer)) and not isinstance(tag_or_version, bool):
+            version = int(tag_or_version)
+        else:
+            raise StoreError(f"read_at takes a tag name or a version number, got {tag_or_version!r}")
+        try:
+            old = self._db.open_table(self.table_name, version=version)
+        except (ValueError, RuntimeError) as exc:
+            raise StoreError(
+                f"cannot read version {version} of {self.table_name!r} (current version {self.version}): {exc}"
+            ) from exc
+        return self._ordered(None, columns, table=old)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(uri={self.uri!r}, run_id={self.run_id!r}, version={self.version})"
