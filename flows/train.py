@@ -65,8 +65,8 @@ def learn_task(run: TrainingRun, minibatches, step: int) -> dict[str, float]:
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
-def evaluate_task(run: TrainingRun, version: int) -> dict[str, float]:
-    return run.evaluate(version)
+def evaluate_task(run: TrainingRun, version: int, sampled: bool = False) -> dict[str, float]:
+    return run.evaluate(version, sampled=sampled)
 
 
 @task(name="checkpoint", task_run_name="checkpoint-{step}", retries=1, **_task)
@@ -88,7 +88,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any]:
     status = "FAILED"
     progress = Progress(run, enabled=cfg.tracking.progress)
     try:
-        run.log(0, evaluate_task(quote(run), 0))
+        run.log(0, evaluate_task(quote(run), 0, sampled=True))
         progress.start()
         for step in range(loop.steps):
             # quote(): Prefect would otherwise walk every element of these objects on each
@@ -101,8 +101,9 @@ def train(overrides: list[str] | None = None) -> dict[str, Any]:
             metrics |= learn_task(quote(run), quote(minibatches), step)
             run.log(step, metrics)
             done = step + 1
-            if _due(loop.eval_every, done, loop.steps):
-                run.log(done, evaluate_task(quote(run), run.policy_version))
+            sampled = _due(loop.passk_every, done, loop.steps)
+            if sampled or _due(loop.eval_every, done, loop.steps):
+                run.log(done, evaluate_task(quote(run), run.policy_version, sampled=sampled))
             if _due(loop.checkpoint_every, done, loop.steps):
                 checkpoint_task(quote(run), done)
             run.log(step, run.compute_metrics())

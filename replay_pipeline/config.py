@@ -129,7 +129,16 @@ class BufferConfig:
 @dataclass
 class AlgoConfig:
     objective: str = "grpo_clip"
-    """Policy loss; see replay_pipeline.objectives.OBJECTIVES."""
+    """Policy loss, one of replay_pipeline.objectives.OBJECTIVES: `grpo_clip` (the paper's),
+    `asymre` (REINFORCE, baseline = group mean reward + delta_v), `tis` (REINFORCE weighted
+    by min(ratio, tis_cap)), `topr` (positives unweighted, negatives by clip(ratio, 0, 1))."""
+    delta_v: float = -0.1
+    """asymre: shift of the baseline below the group mean reward (the paper's -0.1)."""
+    tis_cap: float = 2.0
+    """tis: truncation c of the importance weight min(pi / mu, c)."""
+    kl_coef: float = 0.0
+    """Weight of a KL penalty to the frozen starting policy (k3 estimator); 0 = off, as in
+    the paper."""
     lr: float = 3e-5
     """AdamW learning rate, constant (CPU-DEMO: 3e-5 and 6e-5 held, 1e-4 drifted, 3e-4 collapsed)."""
     eps_low: float = 0.2
@@ -165,6 +174,12 @@ class LoopConfig:
     eval_every: int = 25
     """Held-out evaluation every this many steps (and always before the first and after the
     last); 0 evaluates only before and after."""
+    passk_every: int = 100
+    """Sampled evaluation (pass@k for k up to eval_samples at temperature 1, pass@1 at
+    temperature 0.1, sample entropy and length) every this many steps, and before the first
+    and after the last; 0: only before and after."""
+    eval_samples: int = 16
+    """Completions per held-out prompt for pass@k (k = 1, 2, 4, ... up to this)."""
     checkpoint_every: int = 100
     """Checkpoint every this many steps (and after the last); 0 only after the last."""
     keep_checkpoints: int = 3
@@ -284,6 +299,8 @@ def validate(cfg: DictConfig | Config) -> None:
          f"loop.group_size={loop.group_size}; raise loop.minibatch_size or lower loop.group_size")
     need(loop.updates_per_step >= 1, f"loop.updates_per_step={loop.updates_per_step} must be >= 1")
     need(loop.eval_every >= 0, f"loop.eval_every={loop.eval_every} must be >= 0 (0: only first and last)")
+    need(loop.passk_every >= 0, f"loop.passk_every={loop.passk_every} must be >= 0 (0: only first and last)")
+    need(loop.eval_samples >= 1, f"loop.eval_samples={loop.eval_samples} must be >= 1")
     need(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every} must be >= 0")
     need(loop.keep_checkpoints >= 1, f"loop.keep_checkpoints={loop.keep_checkpoints} must be >= 1")
     need(loop.mode in LOOP_MODES, f"loop.mode={loop.mode!r} is not one of {list(LOOP_MODES)}")
@@ -315,6 +332,8 @@ def validate(cfg: DictConfig | Config) -> None:
     need(algo.loss_agg in LOSS_AGGREGATIONS,
          f"algo.loss_agg={algo.loss_agg!r} is not one of {list(LOSS_AGGREGATIONS)}")
     need(algo.lr > 0, f"algo.lr={algo.lr} must be > 0")
+    need(algo.tis_cap > 0, f"algo.tis_cap={algo.tis_cap} must be > 0")
+    need(algo.kl_coef >= 0, f"algo.kl_coef={algo.kl_coef} must be >= 0 (0 disables the KL penalty)")
     need(0 <= algo.eps_low < 1, f"algo.eps_low={algo.eps_low} must be in [0, 1)")
     need(algo.eps_high >= 0, f"algo.eps_high={algo.eps_high} must be >= 0")
     need(algo.max_grad_norm >= 0, f"algo.max_grad_norm={algo.max_grad_norm} must be >= 0 (0 disables)")

@@ -5,16 +5,31 @@ It re-scores each rollout (prompt + completion tokens, as stored) under the curr
 weights at the generation temperature, and compares with the behaviour log-probs and the
 frozen advantages stored with the rollout (LossInputs). AdamW with a constant learning
 rate and global-norm gradient clipping.
+
+The objective is looked up by name in `OBJECTIVES`; it receives only the hyper-parameters
+its signature declares (from `objective_params`, e.g. {"delta_v": -0.1, "tis_cap": 2.0}), so
+the learner never branches on the objective's name. With `kl_coef > 0` the learner keeps a
+frozen copy of the starting model and adds kl_coef * k3(current || reference) per token.
+
+Every step returns diagnostics (the trainer logs them as learn/<name>): loss, entropy,
+clip_frac and truncated_frac (the same number: the fraction of completion tokens whose
+weight the objective clipped or truncated; clip_frac is the older name), ratio_mean,
+ratio_max, kl_behaviour (k1 estimate of KL(behaviour || current), mean of
+behaviour_logprob - logprob over completion tokens) and kl_behaviour_k3 (r - 1 - log r,
+r = current / behaviour: non-negative, lower variance), grad_norm (before clipping), tokens,
+advantage_abs_mean, and kl_ref (mean k3 to the reference) when kl_coef > 0.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
 
-from replay_pipeline.objectives import OBJECTIVES, LossInputs, aggregate
+from replay_pipeline.objectives import (OBJECTIVES, LossInputs, aggregate, get_objective,
+                                        kl_penalty, objective_param_names)
 
 
 @dataclass
@@ -26,11 +41,18 @@ class Batch:
     completion_mask: torch.Tensor     # (B, L-1) 1 where target token t+1 is a completion token
     behaviour_logprobs: torch.Tensor  # (B, L-1) aligned with completion_mask, 0 elsewhere
     advantages: torch.Tensor          # (B,)
+    rewards: torch.Tensor | None = None            # (B,) when the rows carry `reward`
+    group_reward_mean: torch.Tensor | None = None  # (B,) when they carry `group_reward_mean`
+
+
+def _optional_vector(values: Sequence[float] | None) -> torch.Tensor | None:
+    return None if values is None else torch.tensor(list(values), dtype=torch.float32)
 
 
 def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
             behaviour_logprobs: Sequence[Sequence[float]], advantages: Sequence[float],
-            pad_id: int) -> Batch:
+            pad_id: int, rewards: Sequence[float] | None = None,
+            group_reward_mean: Sequence[float] | None = None) -> Batch:
     rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
     width = max(len(r) for r in rows)
     b = len(rows)
@@ -47,7 +69,8 @@ def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequen
         # completion token k sits at column len(p)+k and is predicted by column len(p)+k-1
         mask[i, len(p) - 1:n - 1] = 1.0
         old[i, len(p) - 1:n - 1] = torch.tensor(list(lp), dtype=torch.float32)
-    return Batch(input_ids, attention, mask, old, torch.tensor(list(advantages), dtype=torch.float32))
+    return Batch(input_ids, attention, mask, old, torch.tensor(list(advantages), dtype=torch.float32),
+                 _optional_vector(rewards), _optional_vector(group_reward_mean))
 
 
 def token_logprobs_and_entropy(model, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,16 +87,28 @@ def token_logprobs_and_entropy(model, batch: Batch, temperature: float) -> tuple
 
 class Learner:
     def __init__(self, model, *, objective: str = "grpo_clip", lr: float = 3e-5,
-                 eps_low: float = 0.2, eps_high: float = 0.2, loss_agg: str = "token_mean",
+                 eps_low: float = 0.2, eps_high: float = 0.2,
+                 objective_params: Mapping[str, float] | None = None, kl_coef: float = 0.0,
+                 loss_agg: str = "token_mean",
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), temperature: float = 1.0,
                  pad_id: int = 0):
-        if objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {objective!r}; known: {sorted(OBJECTIVES)}")
+        """`objective_params` holds hyper-parameters for any objective (eps_low, eps_high,
+        delta_v, tis_cap); the chosen objective gets the ones it declares and the rest are
+        ignored, so one config serves every objective. `eps_low` / `eps_high` keywords are
+        kept for callers that pass them directly; `objective_params` overrides them."""
+        self.objective = get_objective(objective)
+        self.objective_kwargs = select_objective_params(
+            self.objective, {"eps_low": eps_low, "eps_high": eps_high, **(objective_params or {})})
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef={kl_coef} must be >= 0 (0 turns the KL penalty off)")
         self.model = model
         self.model.train()
-        self.objective = OBJECTIVES[objective]
-        self.objective_kwargs = dict(eps_low=eps_low, eps_high=eps_high)
+        self.kl_coef = kl_coef
+        # Frozen starting policy for the KL penalty; only built when it is used.
+        self.reference = None
+        if kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.loss_agg = loss_agg
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature
@@ -88,31 +123,61 @@ class Learner:
     def step(self, rows: Mapping[str, Sequence[Any]]) -> dict[str, float]:
         """One optimizer step on a minibatch given as columns of stored rollouts."""
         batch = collate(rows["prompt_ids"], rows["completion_ids"], rows["behaviour_logprobs"],
-                        rows["advantage"], self.pad_id)
+                        rows["advantage"], self.pad_id, rewards=rows.get("reward"),
+                        group_reward_mean=rows.get("group_reward_mean"))
         logp, entropy = token_logprobs_and_entropy(self.model, batch, self.temperature)
-        out = self.objective(LossInputs(logp, batch.behaviour_logprobs, batch.advantages,
-                                        batch.completion_mask), **self.objective_kwargs)
-        loss = aggregate(out.per_token, batch.completion_mask, self.loss_agg)
+        m = batch.completion_mask
+        out = self.objective(LossInputs(logp, batch.behaviour_logprobs, batch.advantages, m,
+                                        rewards=batch.rewards,
+                                        group_reward_mean=batch.group_reward_mean),
+                             **self.objective_kwargs)
+        per_token = out.per_token
+        kl_ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs_and_entropy(self.reference, batch, self.temperature)
+            kl_ref = kl_penalty(logp, ref_logp)
+            per_token = per_token + self.kl_coef * kl_ref
+        loss = aggregate(per_token, m, self.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm_cap = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm_cap)
         self.optimizer.step()
         self.steps += 1
-        m = batch.completion_mask
         tokens = m.sum().clamp_min(1.0)
+        masked_mean = lambda x: float((x.detach() * m).sum() / tokens)  # noqa: E731
         ratio = out.ratio
-        return {
+        log_ratio = (logp.detach() - batch.behaviour_logprobs) * m  # log(current / behaviour)
+        truncated_frac = masked_mean(out.clipped.float())
+        metrics = {
             "loss": float(loss.detach()),
-            "clip_frac": float((out.clipped.float() * m).sum() / tokens),
-            "entropy": float((entropy * m).sum() / tokens),
-            "ratio_mean": float((ratio * m).sum() / tokens),
+            "clip_frac": truncated_frac,
+            "truncated_frac": truncated_frac,
+            "entropy": masked_mean(entropy),
+            "ratio_mean": masked_mean(ratio),
             "ratio_max": float((ratio * m + (m - 1) * 1e9).max()),
+            "kl_behaviour": masked_mean(-log_ratio),
+            "kl_behaviour_k3": masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio),
             "grad_norm": float(grad_norm),
             "tokens": float(m.sum()),
             "advantage_abs_mean": float(batch.advantages.abs().mean()),
         }
+        if kl_ref is not None:
+            metrics["kl_ref"] = masked_mean(kl_ref)
+        return metrics
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Weights to publish to the generator (detached copies, safe to load elsewhere)."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+def select_objective_params(objective, params: Mapping[str, float]) -> dict[str, float]:
+    """The entries of `params` that `objective` declares. A key no registered objective
+    declares is a typo and fails here, at start-up, rather than being silently ignored."""
+    known = {name for fn in OBJECTIVES.values() for name in objective_param_names(fn)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"unknown objective parameter(s) {unknown}; known: {sorted(known)}")
+    wanted = objective_param_names(objective)
+    return {k: v for k, v in params.items() if k in wanted}

@@ -38,7 +38,7 @@ from replay_pipeline.buffer.schema import make_rollout_id, rows_to_table
 from replay_pipeline.checkpoints import checkpoint_name, save_checkpoint
 from replay_pipeline.compute import ComputeLedger
 from replay_pipeline.config import flatten
-from replay_pipeline.evaluation import evaluate_greedy
+from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
 from replay_pipeline.generation import Sample, TransformersGenerator
 from replay_pipeline.learner import Learner
 from replay_pipeline.models.loading import load_policy
@@ -50,10 +50,10 @@ from replay_pipeline.tracking import MlflowTracker, NullTracker
 
 # Columns the learner needs from a stored rollout (a window read never loads the text).
 LEARN_COLUMNS = ["rollout_id", "seq", "policy_version", "step", "prompt_ids", "completion_ids",
-                 "behaviour_logprobs", "advantage"]
+                 "behaviour_logprobs", "advantage", "reward", "group_reward_mean"]
 
 # Offsets that separate the purposes of per-step random streams.
-_PROMPTS, _SAMPLER, _GENERATE = 1, 2, 3
+_PROMPTS, _SAMPLER, _GENERATE, _EVAL = 1, 2, 3, 4
 
 
 def step_seed(seed: int, step: int, purpose: int) -> int:
@@ -111,8 +111,10 @@ class TrainingRun:
             max_new_tokens=gen_cfg.max_new_tokens, batch_size=gen_cfg.batch_size)
         a = cfg.algo
         learner = Learner(
-            model, objective=a.objective, lr=a.lr, eps_low=a.eps_low, eps_high=a.eps_high,
-            loss_agg=a.loss_agg, max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
+            model, objective=a.objective, lr=a.lr,
+            objective_params={"eps_low": a.eps_low, "eps_high": a.eps_high, "delta_v": a.delta_v,
+                              "tis_cap": a.tis_cap},
+            kl_coef=a.kl_coef, loss_agg=a.loss_agg, max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
             betas=(a.adam_beta1, a.adam_beta2), temperature=gen_cfg.temperature,
             pad_id=generator.pad_id)
 
@@ -174,6 +176,7 @@ class TrainingRun:
                 flagged += not ok
         g = self.cfg.loop.group_size
         advantages = group_advantages(rewards, g)
+        group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
         created = datetime.now(timezone.utc)
         rows = []
         i = 0
@@ -188,6 +191,7 @@ class TrainingRun:
                     "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
                     "behaviour_logprobs": s.logprobs, "reward": rewards[i],
                     "correct": rewards[i] > 0, "advantage": float(advantages[i]),
+                    "group_reward_mean": float(group_means[gi]),
                     "finish_reason": s.finish_reason, "num_tokens": len(s.completion_ids),
                     "seed": batch.seed, "created_at": created,
                 })
@@ -292,6 +296,8 @@ class TrainingRun:
             metrics |= {f"learn/{k}": float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
             metrics["learn/ratio_max"] = float(max(m["ratio_max"] for m in per_step))
             metrics["learn/tokens"] = float(sum(m["tokens"] for m in per_step))
+            versions = np.concatenate([np.asarray(mb["policy_version"]) for mb in minibatches])
+            metrics["learn/staleness_mean"] = float(np.mean(self.policy_version - 1 - versions))
         metrics.update({
             "learn/seconds": train_seconds, "learn/publish_seconds": publish_seconds,
             "learn/policy_version": float(self.policy_version),
@@ -331,9 +337,18 @@ class TrainingRun:
             "buffer/usage_records": float(total_uses),
         }
 
-    def evaluate(self, step: int) -> dict[str, float]:
+    def evaluate(self, step: int, sampled: bool = False) -> dict[str, float]:
+        """Greedy held-out accuracy; with `sampled`, also the paper's pass@1 (temperature
+        0.1, top-p 0.95), pass@k at temperature 1 and the sampled entropy and length."""
+        start = time.perf_counter()
         metrics = evaluate_greedy(self.generator, self.task, self.heldout, seed=self.cfg.seed)
-        self.ledger.add(eval_seconds=metrics["eval/seconds"])
+        if sampled:
+            seed = step_seed(self.cfg.seed, self.policy_version, _EVAL)
+            n = self.cfg.loop.eval_samples
+            metrics |= evaluate_pass1(self.generator, self.task, self.heldout, seed=seed)
+            metrics |= evaluate_sampled(self.generator, self.task, self.heldout, n=n,
+                                        ks=default_ks(n), seed=seed)
+        self.ledger.add(eval_seconds=time.perf_counter() - start)
         metrics["eval/policy_version"] = float(self.policy_version)
         return metrics
 

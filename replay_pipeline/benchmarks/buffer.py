@@ -91,6 +91,7 @@ class SyntheticRollouts:
             "reward": pa.array(reward),
             "correct": pa.array(reward > 0),
             "advantage": pa.array(self.rng.standard_normal(n).astype(np.float32)),
+            "group_reward_mean": pa.array(np.full(n, reward.mean(), np.float32)),
             "finish_reason": pa.array(["stop"] * n),
             "num_tokens": pa.array(np.full(n, self.tokens, np.int32)),
             "seed": pa.array(np.full(n, step, np.int64)),

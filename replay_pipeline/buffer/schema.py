@@ -46,6 +46,7 @@ ROLLOUT_SCHEMA: pa.Schema = pa.schema(
         pa.field("reward", pa.float32()),
         pa.field("correct", pa.bool_()),
         pa.field("advantage", pa.float32()),
+        pa.field("group_reward_mean", pa.float32()),
         pa.field("finish_reason", pa.string()),
         pa.field("num_tokens", pa.int32()),
         pa.field("seed", pa.int64()),

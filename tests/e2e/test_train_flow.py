@@ -100,6 +100,8 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
                 "buffer/window_rows", "buffer/staleness_mean", "buffer/replay_ratio",
                 "buffer/reuse_mean", "buffer/steps_since_last_use_mean",
                 "learn/loss", "learn/clip_frac", "learn/entropy", "learn/grad_norm",
+                "learn/kl_behaviour", "learn/truncated_frac", "learn/staleness_mean",
+                "eval/pass_at_1", "eval/pass_at_16", "eval/pass_at_1_t01", "eval/sample_entropy",
                 "learn/seconds", "eval/accuracy", "compute/gen_tokens", "compute/train_tokens",
                 "compute/gen_seconds", "compute/train_seconds", "compute/total_flops"]:
         assert key in metrics, key

@@ -68,6 +68,7 @@ def rollout_rows(run_id: str, step: int, n_groups: int = 2, group_size: int = 4)
                     reward=1.0 if i < step else 0.0,
                     correct=i < step,
                     advantage=0.125 * i,
+                    group_reward_mean=min(step, group_size) / group_size,
                     finish_reason="stop",
                     num_tokens=length,
                     seed=1000 + step,

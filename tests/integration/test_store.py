@@ -35,6 +35,7 @@ def make_rows(step: int, n_groups: int = 2, group_size: int = 4, run_id: str = R
                     reward=float(i % 2),
                     correct=bool(i % 2),
                     advantage=0.25 * i - 0.375,
+                    group_reward_mean=0.5,
                     finish_reason="stop",
                     num_tokens=len(comp),
                     seed=1000 + step,

@@ -76,3 +76,12 @@ def test_fresh_baseline_uses_each_rollout_once(root):
     assert len(st["rollout_seq"]) == len(set(st["rollout_seq"])) == STEPS * 16
     assert all(m["buffer/replay_ratio"] == pytest.approx(1.0) for m in metrics)
     assert max(st["staleness"]) == 0
+
+
+@pytest.mark.parametrize("algo", ["asymre", "tis", "topr"])
+def test_every_objective_trains_from_the_stored_rollouts(root, algo):
+    run, metrics = run_steps(root, f"o-{algo}", f"algo={algo}", steps=2)
+    assert run.learner.steps == 4
+    for key in ["learn/loss", "learn/entropy", "learn/truncated_frac", "learn/kl_behaviour",
+                "learn/grad_norm", "learn/staleness_mean"]:
+        assert all(np.isfinite(m[key]) for m in metrics), key
