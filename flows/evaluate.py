@@ -125,34 +125,26 @@ def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
 def load_generator(target: Target):
     """The checkpoint's model and tokenizer behind a generator with the run's settings."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from replay_pipeline.generation import TransformersGenerator
+    from replay_pipeline.models.loading import load_pretrained
 
     hf_logging.disable_progress_bar()  # per-file load bars would bury the summary
 
     cfg = target.cfg
     if cfg.model.get("torch_threads"):
         torch.set_num_threads(cfg.model.torch_threads)
-    model = AutoModelForCausalLM.from_pretrained(target.checkpoint / "model")
-    tokenizer = AutoTokenizer.from_pretrained(target.checkpoint / "model")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    g = cfg.generator
-    return TransformersGenerator(model, tokenizer, temperature=g.temperature, top_p=g.top_p,
-                                 max_new_tokens=g.max_new_tokens, batch_size=g.batch_size,
-                                 copy_model=False)
+    model, tokenizer = load_pretrained(target.checkpoint / "model")
+    return TransformersGenerator.from_config(model, tokenizer, cfg.generator, copy_model=False)
 
 
 def build_task(cfg):
     from omegaconf import OmegaConf
 
-    from replay_pipeline.tasks import make_task
+    from replay_pipeline.tasks import task_from_config
 
-    fields = OmegaConf.to_container(cfg.task, resolve=True)
-    return make_task(fields.pop("name"), **fields)
+    return task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
 
 
 def summary_text(target: Target, metrics: dict[str, float], logged: bool) -> str:

@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.buffer import RolloutStore
-from replay_pipeline.buffer.sampling import SamplingRules, WindowInfo, draw
+from replay_pipeline.buffer.sampling import SamplingRules, WindowInfo, draw, window_for
 from replay_pipeline.buffer.store import META_COLUMNS
 from replay_pipeline.buffer.usage import UsageStore, make_usage_id
 from replay_pipeline.buffer.schema import make_rollout_id, rows_to_table
@@ -44,7 +44,7 @@ from replay_pipeline.learner import Learner
 from replay_pipeline.models.loading import load_policy
 from replay_pipeline.runs import RunPaths, new_run_id
 from replay_pipeline.scoring import group_advantages, safe_reward
-from replay_pipeline.tasks import make_task
+from replay_pipeline.tasks import task_from_config
 from replay_pipeline.tasks.base import Prompt
 from replay_pipeline.tracking import MlflowTracker, NullTracker
 
@@ -103,12 +103,10 @@ class TrainingRun:
             torch.set_num_threads(cfg.model.torch_threads)
         torch.manual_seed(cfg.seed)
 
-        task = make_task(cfg.task.name, **_task_kwargs(cfg))
+        task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
         model, tokenizer, policy_info = load_policy(cfg, task, paths, log=log)
         gen_cfg = cfg.generator
-        generator = TransformersGenerator(
-            model, tokenizer, temperature=gen_cfg.temperature, top_p=gen_cfg.top_p,
-            max_new_tokens=gen_cfg.max_new_tokens, batch_size=gen_cfg.batch_size)
+        generator = TransformersGenerator.from_config(model, tokenizer, gen_cfg)
         a = cfg.algo
         learner = Learner(
             model, objective=a.objective, lr=a.lr,
@@ -241,12 +239,11 @@ class TrainingRun:
         then read only the chosen rows' token data."""
         start = time.perf_counter()
         b, loop = self.cfg.buffer, self.cfg.loop
-        if b.strategy == "fresh":
-            meta = self.store.window_meta(self.rollouts_per_step, columns=list(META_COLUMNS))
-        elif b.positive_bias > 0:
-            meta = self.store.positive_bias_window(b.capacity, b.positive_bias, columns=list(META_COLUMNS))
+        size = window_for(b.strategy, b.capacity, self.rollouts_per_step)
+        if b.positive_bias > 0:  # validation keeps it off the fresh baseline
+            meta = self.store.positive_bias_window(size, b.positive_bias, columns=list(META_COLUMNS))
         else:
-            meta = self.store.window_meta(b.capacity, columns=list(META_COLUMNS))
+            meta = self.store.window_meta(size)
         seqs = meta.column("seq").to_numpy()
         counts = self.usage.reuse_counts(int(seqs.min()), int(seqs.max())) if len(seqs) else {}
         info = WindowInfo(
@@ -429,12 +426,6 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
-
-def _task_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    t = OmegaConf.to_container(cfg.task, resolve=True)
-    t.pop("name")
-    return t
 
 
 def json_dumps(data: dict[str, Any]) -> str:

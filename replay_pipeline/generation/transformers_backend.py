@@ -41,6 +41,13 @@ class TransformersGenerator:
         if self.eos_id is None:
             raise ValueError("the tokenizer has no eos_token_id; completions could never stop")
 
+    @classmethod
+    def from_config(cls, model, tokenizer, gen_cfg, copy_model: bool = True) -> "TransformersGenerator":
+        """A generator with the sampling settings of a config's `generator` section."""
+        return cls(model, tokenizer, temperature=gen_cfg.temperature, top_p=gen_cfg.top_p,
+                   max_new_tokens=gen_cfg.max_new_tokens, batch_size=gen_cfg.batch_size,
+                   copy_model=copy_model)
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -37,12 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from replay_pipeline.models.tiny import DEFAULT_CHARS, build_tiny_model, build_tokenizer
 from replay_pipeline.tasks.base import Prompt, Task
@@ -159,8 +154,11 @@ def completion_budget(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prom
 
 
 def load_warm_start(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer of a warm-start checkpoint directory."""
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    """The model and tokenizer of a warm-start checkpoint directory (it is a Hugging Face
+    checkpoint directory, loaded like any other)."""
+    from replay_pipeline.models.loading import load_pretrained
+
+    return load_pretrained(path)
 
 
 def _train(
