@@ -43,7 +43,8 @@ from typing import Any  # noqa: E402
 import flows  # noqa: E402,F401  (sets Prefect's environment before prefect is imported)
 from prefect import flow  # noqa: E402
 
-from replay_pipeline.checkpoints import checkpoint_name, list_checkpoints, read_state  # noqa: E402
+from replay_pipeline.checkpoints import (CheckpointError, checkpoint_name, checkpoint_step,  # noqa: E402
+                                         list_checkpoints, verify)
 from replay_pipeline.runs import RunPaths  # noqa: E402
 
 
@@ -70,10 +71,6 @@ def _runs_under(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / "config.yaml").is_file())
 
 
-def _step_of(path: Path) -> int:
-    return int(path.name.split("-", 1)[1])
-
-
 def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
     """Find the run, its checkpoint and its MLflow run; EvaluateError says how to fix a miss."""
     from omegaconf import OmegaConf
@@ -89,7 +86,7 @@ def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
     if not done:
         raise EvaluateError(f"run {run_id!r} has no complete checkpoint under {paths.checkpoints}; "
                             "train with loop.checkpoint_every=N (checkpoints hold the weights to evaluate)")
-    steps = {_step_of(p): p for p in done}
+    steps = {checkpoint_step(p): p for p in done}
     if step is None:
         step = max(steps)
     elif step not in steps:
@@ -98,14 +95,11 @@ def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
                             "omit --step for the newest)")
     ckpt = steps[step]
     try:
-        state = read_state(ckpt)
+        state = verify(ckpt)  # state.json parses and every file matches its manifest
         version = int(state["policy_version"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise EvaluateError(f"{ckpt / 'state.json'} is garbled ({type(exc).__name__}: {exc}); "
-                            f"evaluate another checkpoint with --step (available: "
-                            f"{', '.join(map(str, sorted(steps)))}) or delete {ckpt}") from exc
-    if not (ckpt / "model").is_dir():
-        raise EvaluateError(f"{ckpt} has no model/ directory; evaluate another checkpoint with --step")
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError) as exc:
+        raise EvaluateError(f"checkpoint {ckpt.name} cannot be used: {exc}; evaluate another checkpoint "
+                            f"with --step (available: {', '.join(map(str, sorted(steps)))}) or delete {ckpt}") from exc
     cfg = OmegaConf.load(config)
     uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
     mlflow_run_id = state.get("mlflow_run_id")

@@ -24,8 +24,8 @@ class Progress:
             return
         from tqdm import tqdm
 
-        self.bar = tqdm(total=self.run.cfg.loop.steps, desc=f"train {self.run.run_id}", unit="step",
-                        file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(total=self.run.cfg.loop.steps, initial=self.run.start_step,
+                        desc=f"train {self.run.run_id}", unit="step", file=sys.stderr, dynamic_ncols=True)
         self.bar.set_postfix_str(self._postfix())
 
     def update(self, step: int) -> None:

@@ -37,7 +37,7 @@ MIN_CELL = 6
 # and log-probs do not fit a terminal (ask for them with --columns or write a file).
 TABLE_ROLLOUT_COLUMNS = [
     "seq", "policy_version", "step", "sample_index", "prompt", "completion",
-    "reward", "correct", "advantage", "num_tokens", "reuse_count",
+    "reward", "correct", "advantage", "num_tokens", "reuse_count", "reward_error",
 ]
 
 EXAMPLES = """\

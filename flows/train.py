@@ -4,6 +4,12 @@
     python -m flows.train buffer.capacity=512 algo.lr=3e-4 # Hydra overrides
     python -m flows.train experiment=no_buffer             # the on-policy baseline preset
     python -m flows.train --help | --cfg                   # groups and options | resolved config
+    python -m flows.train resume=<run_id> [loop.steps=N]   # continue from the newest checkpoint
+    python -m flows.train fork=<run_id>@<step> algo.lr=1e-4  # a new run from a checkpoint
+
+Stopping: Ctrl-C marks the MLflow run KILLED; SIGTERM (what `kill`, Docker and Prefect send)
+marks it KILLED and the Prefect flow run CRASHED (Prefect's own SIGTERM handler); either way
+`resume=<run_id>` continues from the newest checkpoint without losing a stored rollout.
 
 The flow only wires library calls (replay_pipeline.trainer.TrainingRun); each phase is a
 Prefect task so that it shows in the UI with its timing, and the append, which talks to
@@ -19,9 +25,13 @@ from typing import Any
 import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import ExternalSignal
 from prefect.utilities.annotations import quote
 
-from replay_pipeline.config import CONF_DIR, ConfigError, load_config
+from replay_pipeline.buffer.lance_table import StoreError
+from replay_pipeline.checkpoints import CheckpointError
+from replay_pipeline.config import CONF_DIR, ConfigError
+from replay_pipeline.resume import resolve_config
 from replay_pipeline.runs import ensure_writable
 from replay_pipeline.trainer import TrainingRun
 from flows.progress import Progress, quiet_prefect_task_logs, summary_text
@@ -74,23 +84,55 @@ def checkpoint_task(run: TrainingRun, step: int) -> str:
     return str(run.checkpoint(step))
 
 
+def _close_stale_flow_runs(run: TrainingRun) -> None:
+    """Record this flow run in the run's run.json, and mark CRASHED the run's earlier flow runs
+    that Prefect still shows RUNNING: a process killed with SIGKILL never reports its end, and a
+    resume is the first moment anyone knows it is gone."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+    from prefect.states import Crashed
+
+    previous = run.note_flow_run(str(flow_run.id)) if flow_run.id else []
+    if not previous:
+        return
+    with get_client(sync_client=True) as client:
+        for flow_run_id in previous:
+            try:
+                state = client.read_flow_run(UUID(flow_run_id)).state
+            except Exception:  # another Prefect server's run, or deleted: nothing to fix here
+                continue
+            if state is not None and state.is_running():
+                client.set_flow_run_state(
+                    UUID(flow_run_id), Crashed(message=f"the process stopped without reporting; run "
+                                                       f"{run.run_id} was resumed by flow run {flow_run.id}"),
+                    force=True)
+
+
 def _due(every: int, done: int, total: int) -> bool:
     return done == total or (every > 0 and done % every == 0)
 
 
 @flow(name="train")
 def train(overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`)."""
-    cfg = load_config(overrides)
+    """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`,
+    `resume=<run_id>`, `fork=<run_id>@<step>`)."""
+    cfg = resolve_config(overrides)
     quiet_prefect_task_logs()
     run = setup_task(cfg)
+    _close_stale_flow_runs(run)
     loop = cfg.loop
     status = "FAILED"
     progress = Progress(run, enabled=cfg.tracking.progress)
     try:
-        run.log(0, evaluate_task(quote(run), 0, sampled=True))
+        if run.start_step == 0:
+            run.log(0, evaluate_task(quote(run), 0, sampled=True))
+        elif run.start_step >= loop.steps:
+            print(f"run {run.run_id} already has {run.start_step} steps (loop.steps={loop.steps}); "
+                  "raise loop.steps to train it further", flush=True)
         progress.start()
-        for step in range(loop.steps):
+        for step in range(run.start_step, loop.steps):
             # quote(): Prefect would otherwise walk every element of these objects on each
             # task call to look for upstream futures (measured: 2/3 of a step's wall time).
             batch = generate_task(quote(run), step)
@@ -109,7 +151,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any]:
             run.log(step, run.compute_metrics())
             progress.update(step)
         status = "FINISHED"
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, ExternalSignal):  # Ctrl-C, or SIGTERM via Prefect's handler
         status = "KILLED"
         raise
     finally:
@@ -134,8 +176,27 @@ def _usage() -> str:
               "(or --cfg to print the resolved values).",
               "Examples:", "  python -m flows.train buffer.capacity=512 algo.lr=3e-4",
               "  python -m flows.train experiment=no_buffer loop.steps=100",
-              "  python -m flows.train model=hf model.path=/path/to/hf/checkpoint"]
+              "  python -m flows.train model=hf model.path=/path/to/hf/checkpoint",
+              "  python -m flows.train resume=RUN_ID loop.steps=800   # continue (and extend) a run",
+              "  python -m flows.train fork=RUN_ID@100 algo.lr=1e-4   # new run from a checkpoint"]
     return "\n".join(lines)
+
+
+def _check_start_point(cfg) -> None:
+    """Find (and verify) the checkpoint a resume or fork needs, and check the tables it will
+    open, before Prefect starts."""
+    from replay_pipeline.buffer import RolloutStore
+    from replay_pipeline.buffer.usage import UsageStore
+    from replay_pipeline.runs import RunPaths
+    from replay_pipeline.trainer import _start_point
+
+    mode = "resume" if cfg.resume else "fork"
+    paths = RunPaths.make(cfg.tracking.root_dir, cfg.resume or cfg.run_id or "pending-fork")
+    _start_point(cfg, mode, paths, log=_say)
+    table_run = cfg.resume if mode == "resume" else cfg.fork.partition("@")[0]
+    uri = cfg.buffer.uri or str(paths.lancedb)
+    RolloutStore.open(uri, table_run)  # a missing table or a schema mismatch is refused here
+    UsageStore.open(uri, table_run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown flag(s) {bad}\n\n{_usage()}", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(overrides)  # fail before Prefect, MLflow or any model is touched
+        cfg = resolve_config(overrides)  # fail before Prefect, MLflow or any model is touched
         ensure_writable(cfg.tracking.root_dir)
-    except (ConfigError, PermissionError) as exc:
+        if cfg.resume is not None or cfg.fork is not None:
+            _check_start_point(cfg)
+    except (ConfigError, PermissionError, CheckpointError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if show_cfg:

@@ -207,6 +207,15 @@ class Config:
     """Seeds model init, sampling and the replay sampler; a run is reproducible from it."""
     run_id: Optional[str] = None
     """Name of the run (letters, digits, - and _). None: a timestamp plus a random suffix."""
+    resume: Optional[str] = None
+    """Run id to continue from its newest valid checkpoint, into the same rollout table and
+    MLflow run. Only keys that do not change the trajectory may be overridden with it
+    (loop.steps to extend the run, evaluation/checkpoint cadence, tracking.progress,
+    model.torch_threads); see replay_pipeline/resume.py."""
+    fork: Optional[str] = None
+    """`<run_id>@<step>`: start a new run from that run's checkpoint at `step`, its buffer
+    beginning as the source's rollout table at tag step-<step> (shared, not copied). Any
+    key but model.*, buffer.uri and tracking.* (except progress) may be overridden."""
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
@@ -360,15 +369,28 @@ def validate(cfg: DictConfig | Config) -> None:
     else:
         need(model.hidden_size % max(model.num_heads, 1) == 0,
              f"model.hidden_size={model.hidden_size} must be divisible by model.num_heads={model.num_heads}")
+        from replay_pipeline.models.tiny import MAX_POSITIONS
+
+        if task.name == "addition":  # prompt: <bos> a + b = (2 x digits + 3 tokens)
+            longest = 2 * task.digits + 3 + gen.max_new_tokens
+            need(longest <= MAX_POSITIONS,
+                 f"generator.max_new_tokens={gen.max_new_tokens} with task.digits={task.digits} makes "
+                 f"sequences of {longest} tokens, more than the built-in model's {MAX_POSITIONS} "
+                 f"positions; lower generator.max_new_tokens to at most {MAX_POSITIONS - 2 * task.digits - 3}")
         need(0 <= model.warmstart.target_accuracy <= 1,
              f"model.warmstart.target_accuracy={model.warmstart.target_accuracy} must be in [0, 1]")
     need(model.torch_threads >= 0, f"model.torch_threads={model.torch_threads} must be >= 0")
 
-    if c.run_id is not None:
-        import re
+    import re
 
-        need(re.fullmatch(r"[A-Za-z0-9_-]+", str(c.run_id)) is not None,
-             f"run_id={c.run_id!r} may only hold letters, digits, '-' and '_'")
+    for key in ("run_id", "resume"):
+        value = getattr(c, key, None)
+        need(value is None or re.fullmatch(r"[A-Za-z0-9_-]+", str(value)) is not None,
+             f"{key}={value!r} may only hold letters, digits, '-' and '_'")
+    fork = getattr(c, "fork", None)
+    need(fork is None or re.fullmatch(r"[A-Za-z0-9_-]+@[0-9]+", str(fork)) is not None,
+         f"fork={fork!r} must be <run_id>@<step>, e.g. fork=20261129-171530-3fa2c1@100 "
+         "(a run's checkpoints are <root_dir>/<run_id>/checkpoints/step-NNNNNN)")
 
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -18,11 +18,30 @@ ratio_max, kl_behaviour (k1 estimate of KL(behaviour || current), mean of
 behaviour_logprob - logprob over completion tokens) and kl_behaviour_k3 (r - 1 - log r,
 r = current / behaviour: non-negative, lower variance), grad_norm (before clipping), tokens,
 advantage_abs_mean, and kl_ref (mean k3 to the reference) when kl_coef > 0.
+
+Bad input (decisions):
+- Refused before the forward pass, with a ValueError naming the rollout (its rollout_id
+  when the rows carry one, else its row index) and the fix, so nothing is trained on it: a
+  rollout whose prompt + completion is longer than the model's max_position_embeddings
+  (rotary models would silently run past their trained positions), a rollout with no prompt
+  tokens (the first completion token would have nothing to be predicted from), and a
+  non-finite advantage, reward, group_reward_mean or behaviour log-prob (one NaN would turn
+  every weight into NaN).
+- Empty completions (no completion tokens; the transformers backend makes them only with
+  max_new_tokens=0, an EOS-first completion is the one token <eos>) are accepted: they add
+  nothing to the loss (objectives.aggregate). A minibatch with no completion token at all
+  takes no optimizer step (AdamW's momentum alone would still move the weights, on no
+  data) but still counts as a learner step, so usage records keep their numbering; its
+  loss, grad_norm and every per-token diagnostic are 0 and `tokens` is 0.
+- Log-probs at positions that are not completion tokens (prompt, padding) are set to 0
+  before the objective and the KL term see them, so an extreme value there cannot reach
+  the loss or the gradient.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -120,13 +139,62 @@ class Learner:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @property
+    def max_positions(self) -> int | None:
+        """The model's ``max_position_embeddings`` (None if its config does not say)."""
+        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+
+    def check_rows(self, rows: Mapping[str, Sequence[Any]]) -> None:
+        """Refuse a minibatch the learner must not train on (see the module docstring);
+        the ValueError names the rollout and the fix. Called by :meth:`step`."""
+        ids = rows.get("rollout_id")
+        name = lambda i: (f"rollout {ids[i]!r} (row {i} of the minibatch)"  # noqa: E731
+                          if ids is not None else f"row {i} of the minibatch")
+        limit = self.max_positions
+        for i, (p, c, lps) in enumerate(zip(rows["prompt_ids"], rows["completion_ids"],
+                                            rows["behaviour_logprobs"])):
+            if p is None or c is None or lps is None:
+                raise ValueError(f"{name(i)} has null prompt_ids, completion_ids or behaviour_logprobs; "
+                                 "store [] for an empty completion")
+            if len(p) == 0:
+                raise ValueError(f"{name(i)} has no prompt tokens; every rollout needs at least "
+                                 "one (the tokenizer's <bos>) to predict its first completion token from")
+            if limit and len(p) + len(c) > limit:
+                raise ValueError(
+                    f"{name(i)} has {len(p)} prompt + {len(c)} completion = {len(p) + len(c)} "
+                    f"tokens, more than the model's max_position_embeddings={limit}; refusing to "
+                    f"train on it. Lower generator.max_new_tokens (so prompt + max_new_tokens <= "
+                    f"{limit}) or shorten the prompts, or use a model with more positions")
+        for column in ("advantage", "reward", "group_reward_mean"):
+            values = rows.get(column)
+            if values is None:
+                continue
+            for i, v in enumerate(values):
+                if v is None or not math.isfinite(v):
+                    raise ValueError(f"{name(i)} has {column}={v}; the learner needs finite values "
+                                     "(scoring flags a bad reward and stores 0.0 instead)")
+
+    def _check_logprobs(self, rows: Mapping[str, Sequence[Any]], batch: Batch) -> None:
+        """Non-finite stored behaviour log-probs, checked on the collated tensor (one pass)."""
+        bad = ~torch.isfinite(batch.behaviour_logprobs).all(dim=-1)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            ids = rows.get("rollout_id")
+            who = f"rollout {ids[i]!r} (row {i} of the minibatch)" if ids is not None else f"row {i} of the minibatch"
+            raise ValueError(f"{who} has a non-finite behaviour log-prob; it cannot be re-weighted "
+                             "against the current policy (refusing to train on it)")
+
     def step(self, rows: Mapping[str, Sequence[Any]]) -> dict[str, float]:
         """One optimizer step on a minibatch given as columns of stored rollouts."""
+        self.check_rows(rows)
         batch = collate(rows["prompt_ids"], rows["completion_ids"], rows["behaviour_logprobs"],
                         rows["advantage"], self.pad_id, rewards=rows.get("reward"),
                         group_reward_mean=rows.get("group_reward_mean"))
+        self._check_logprobs(rows, batch)
         logp, entropy = token_logprobs_and_entropy(self.model, batch, self.temperature)
         m = batch.completion_mask
+        on = m > 0
+        logp = torch.where(on, logp, torch.zeros_like(logp))  # only completion tokens matter
         out = self.objective(LossInputs(logp, batch.behaviour_logprobs, batch.advantages, m,
                                         rewards=batch.rewards,
                                         group_reward_mean=batch.group_reward_mean),
@@ -136,14 +204,18 @@ class Learner:
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = token_logprobs_and_entropy(self.reference, batch, self.temperature)
+                ref_logp = torch.where(on, ref_logp, torch.zeros_like(ref_logp))
             kl_ref = kl_penalty(logp, ref_logp)
             per_token = per_token + self.kl_coef * kl_ref
         loss = aggregate(per_token, m, self.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm_cap = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm_cap)
-        self.optimizer.step()
+        if bool(on.any()):
+            loss.backward()
+            norm_cap = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm_cap)
+            self.optimizer.step()
+        else:  # only empty completions: nothing to learn, and no momentum-only update
+            grad_norm = torch.zeros(())
         self.steps += 1
         tokens = m.sum().clamp_min(1.0)
         masked_mean = lambda x: float((x.detach() * m).sum() / tokens)  # noqa: E731
@@ -156,7 +228,7 @@ class Learner:
             "truncated_frac": truncated_frac,
             "entropy": masked_mean(entropy),
             "ratio_mean": masked_mean(ratio),
-            "ratio_max": float((ratio * m + (m - 1) * 1e9).max()),
+            "ratio_max": float(ratio[on].max()) if bool(on.any()) else 0.0,
             "kl_behaviour": masked_mean(-log_ratio),
             "kl_behaviour_k3": masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio),
             "grad_norm": float(grad_norm),

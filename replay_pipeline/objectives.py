@@ -179,11 +179,21 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token_mean") -> Tens
     token_mean: sum over all completion tokens of the minibatch / their count (DAPO-style;
     every token weighs the same, long completions weigh more).
     seq_mean: mean over tokens within each sequence, then mean over sequences (GRPO-style).
+
+    Empty completions (a row whose mask is all 0) have no tokens to learn from: they add
+    nothing to either sum and seq_mean leaves them out of its count of sequences (counting
+    them would shrink the step by the fraction of empty rows). A minibatch with no completion
+    token at all gives 0 (with a zero gradient), never 0/0. Masked positions are selected
+    out, not multiplied by 0, so a non-finite value there (e.g. a KL term on a padding
+    position) cannot leak into the loss value (the learner also keeps such values out of
+    the gradient by zeroing its log-probs at masked positions).
     """
     mask = mask.to(per_token.dtype)
+    kept = torch.where(mask > 0, per_token * mask, torch.zeros_like(per_token))
     if mode == "token_mean":
-        return (per_token * mask).sum() / mask.sum().clamp_min(1.0)
+        return kept.sum() / mask.sum().clamp_min(1.0)
     if mode == "seq_mean":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
-        return per_seq.mean()
+        lengths = mask.sum(-1)
+        per_seq = kept.sum(-1) / lengths.clamp_min(1.0)
+        return per_seq.sum() / (lengths > 0).sum().clamp_min(1).to(per_token.dtype)
     raise ValueError(f"unknown loss aggregation {mode!r}; use 'token_mean' or 'seq_mean'")

@@ -51,6 +51,33 @@ class MlflowTracker:
         self.run_id = run.info.run_id
         self.artifact_uri = run.info.artifact_uri
 
+    @classmethod
+    def attach(cls, uri: str, run_id: str) -> "MlflowTracker":
+        """Continue logging into an existing MLflow run (a resumed training run): the run is
+        set back to RUNNING. Raises ValueError if the run does not exist at `uri`."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        self = cls.__new__(cls)
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as exc:
+            raise ValueError(f"MLflow run {run_id} not found at {uri}: {exc}. Resume needs the "
+                             "tracking store the run logged to (tracking.mlflow_uri).") from exc
+        self.experiment_id = run.info.experiment_id
+        self.run_id = run.info.run_id
+        self.artifact_uri = run.info.artifact_uri
+        self.client.update_run(self.run_id, status="RUNNING")
+        return self
+
+    def status(self) -> str:
+        return self.client.get_run(self.run_id).info.status
+
+    def params(self) -> dict[str, str]:
+        return dict(self.client.get_run(self.run_id).data.params)
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 

@@ -10,6 +10,18 @@ Determinism: every random draw is seeded from (seed, step, purpose), never from 
 carried across steps, so the sync loop is reproducible and a resumed run can redraw the
 same numbers from the step alone.
 
+Resume and fork (`setup` with cfg.resume / cfg.fork, configuration rules in
+replay_pipeline/resume.py): the run restores model, optimizer, RNG states, step, policy
+version, compute totals and evaluation history from a verified checkpoint. Rollouts the
+stopped process appended after that checkpoint are **kept as buffer data**: when the resumed
+run reaches a step whose rollouts are already stored it reads them back instead of generating
+(saving that generation compute), and the idempotent append adds nothing. The buffer window
+(`window_end`) and the usage counts (`before=` the current learner step) are read as they
+stood at each step, so rows and usage records that the stopped process wrote "ahead" do not
+leak into earlier steps: in the sync loop a resumed run is bit-for-bit the run that was never
+stopped. A fork clones the source's tables at the checkpoint's tag and deletes anything the
+tag holds beyond the fork point, then continues as a new run.
+
 Policy versions: the warm-start (or loaded) policy is version 0. Each generation step's
 round of `updates_per_step` learner steps ends by publishing the new weights to the
 generator, which increments the version; so rollouts of step s carry version s and a run
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import platform
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,18 +45,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.sampling import SamplingRules, WindowInfo, draw, window_for
+from replay_pipeline.buffer.lance_table import sql_str
 from replay_pipeline.buffer.store import META_COLUMNS
 from replay_pipeline.buffer.usage import UsageStore, make_usage_id
 from replay_pipeline.buffer.schema import make_rollout_id, rows_to_table
-from replay_pipeline.checkpoints import checkpoint_name, save_checkpoint
+from replay_pipeline import faults
+from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoint_name, checkpoint_step,
+                                         latest_valid, list_checkpoints, load_optimizer_state,
+                                         remove_partial, restore_rng, save_checkpoint)
 from replay_pipeline.compute import ComputeLedger
 from replay_pipeline.config import flatten
 from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
 from replay_pipeline.generation import Sample, TransformersGenerator
 from replay_pipeline.learner import Learner
-from replay_pipeline.models.loading import load_policy
+from replay_pipeline.models.loading import load_pretrained, load_policy
+from replay_pipeline.resume import RUN_INFO, config_hash, parse_fork, read_run_info
 from replay_pipeline.runs import RunPaths, new_run_id
-from replay_pipeline.scoring import group_advantages, safe_reward
+from replay_pipeline.scoring import group_advantages, safe_reward, warn_flagged
 from replay_pipeline.tasks import task_from_config
 from replay_pipeline.tasks.base import Prompt
 from replay_pipeline.tracking import MlflowTracker, NullTracker
@@ -69,6 +87,9 @@ class GeneratedBatch:
     prompts: list[Prompt]
     samples: list[list[Sample]]
     seconds: float
+    reused: bool = False
+    """True when the rollouts were read back from the table (stored by a process that stopped
+    after its last checkpoint) instead of generated."""
 
 
 @dataclass
@@ -88,22 +109,39 @@ class TrainingRun:
     policy_version: int = 0
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
+    start_step: int = 0
+    """The first generation step this process runs (> 0 after a resume or fork)."""
+    stored_through: int = -1
+    """Newest generation step whose rollouts were already stored when this process started."""
+    used_through: int = -1
+    """Newest learner step whose usage records were already stored when this process started."""
+    window_end: int = 0
+    """One past the newest ``seq`` the buffer holds as of the current step."""
+    lineage: dict[str, Any] = field(default_factory=dict)
+    """How this process started: {"mode": "new" | "resume" | "fork", ...}."""
 
     # ------------------------------------------------------------------ setup
     @classmethod
     def setup(cls, cfg: DictConfig, log: Callable[[str], Any] = print,
               tracker: MlflowTracker | NullTracker | None = None) -> "TrainingRun":
-        """Build a run from a validated config. Nothing is written before the run directory
-        is known to be writable."""
-        run_id = cfg.run_id or new_run_id()
+        """Build a run from a validated config: a new run, a resume (cfg.resume) or a fork
+        (cfg.fork; see replay_pipeline/resume.py for the configuration they get). Nothing is
+        written before the run directory is known to be writable, and a resume or fork finds
+        its checkpoint before any model is built."""
+        if cfg.resume is not None:
+            mode, run_id = "resume", cfg.resume
+        else:
+            mode, run_id = ("fork" if cfg.fork is not None else "new"), cfg.run_id or new_run_id()
         paths = RunPaths.make(cfg.tracking.root_dir, run_id)
         paths.ensure()
+        start, lineage = _start_point(cfg, mode, paths, log)
         _quiet_transformers()
         if cfg.model.torch_threads:
             torch.set_num_threads(cfg.model.torch_threads)
         torch.manual_seed(cfg.seed)
 
         task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
+        # The start policy (version 0) first, also on resume: it is the KL reference.
         model, tokenizer, policy_info = load_policy(cfg, task, paths, log=log)
         gen_cfg = cfg.generator
         generator = TransformersGenerator.from_config(model, tokenizer, gen_cfg)
@@ -117,30 +155,86 @@ class TrainingRun:
             pad_id=generator.pad_id)
 
         uri = cfg.buffer.uri or str(paths.lancedb)
-        store = RolloutStore.create(uri, run_id)
-        usage = UsageStore.create(uri, run_id)
+        store, usage = _open_tables(uri, mode, run_id, lineage)
 
         resolved = OmegaConf.to_container(cfg, resolve=True)
         resolved["run_id"] = run_id
         (paths.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
         if tracker is None:
-            tracker = MlflowTracker(
-                uri=cfg.tracking.mlflow_uri or paths.mlflow_uri,
-                experiment=cfg.tracking.experiment,
-                artifact_location=cfg.tracking.artifact_location or paths.artifact_location,
-                run_name=run_id,
-                tags={"replay_pipeline.run_id": run_id, "replay_pipeline.rollout_table": store.table_name,
-                      "replay_pipeline.usage_table": usage.table_name,
-                      "replay_pipeline.lancedb_uri": uri, "replay_pipeline.run_dir": str(paths.run_dir)})
-        tracker.log_params({**flatten(resolved), "policy.parameters": learner.num_parameters(),
-                            **{f"policy.{k}": v for k, v in policy_info.items()}})
-        tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
-        tracker.set_tags({"host.python": platform.python_version(), "host.torch": torch.__version__})
+            tracker = _tracker(cfg, mode, paths, store, usage, uri, lineage)
+        if mode != "resume":
+            tracker.log_params({**flatten(resolved), "policy.parameters": learner.num_parameters(),
+                                **{f"policy.{k}": v for k, v in policy_info.items()}})
+            tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
+            tracker.set_tags({"host.python": platform.python_version(), "host.torch": torch.__version__})
+        run = cls(cfg=cfg, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
+                  learner=learner, store=store, usage=usage, tracker=tracker,
+                  ledger=ComputeLedger(parameters=learner.num_parameters()),
+                  heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage)
+        if start is not None:
+            run._restore(*start)
+        run.stored_through = store.max_step() if mode != "new" else -1
+        run.used_through = usage.max_learner_step() if mode != "new" else -1
+        run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
+        run._write_run_info(mode)
+        if mode != "new":
+            log(f"{mode} {run_id} at step {run.start_step} (policy version {run.policy_version}); "
+                f"{max(run.stored_through - run.start_step + 1, 0)} steps of rollouts already stored "
+                f"will be reused, not regenerated")
+        return run
 
-        return cls(cfg=cfg, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
-                   learner=learner, store=store, usage=usage, tracker=tracker,
-                   ledger=ComputeLedger(parameters=learner.num_parameters()),
-                   heldout=list(task.heldout_prompts()), policy_info=policy_info)
+    def _restore(self, path: Path, state: dict[str, Any]) -> None:
+        """Load a verified checkpoint's weights, optimizer, counters, RNG states, compute
+        totals and evaluation history into this freshly built run."""
+        weights, _ = load_pretrained(path / "model")
+        self.learner.model.load_state_dict(weights.state_dict())
+        self.learner.optimizer.load_state_dict(load_optimizer_state(path))
+        a = self.cfg.algo  # a fork's own hyper-parameters (a resume's are the same), saved moments
+        for group in self.learner.optimizer.param_groups:
+            group.update(lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), weight_decay=a.weight_decay)
+        self.learner.steps = int(state["learner_steps"])
+        self.policy_version = int(state["policy_version"])
+        self.generator.load_weights(self.learner.state_dict(), self.policy_version)
+        restore_rng(state["rng"])
+        for key, value in state.get("compute", {}).items():
+            if key in self.ledger.totals:
+                self.ledger.totals[key] = float(value)
+        self.history = {k: [(int(a), float(b)) for a, b in v] for k, v in state.get("history", {}).items()}
+        self.start_step = int(state["step"])
+
+    def note_flow_run(self, flow_run_id: str) -> list[str]:
+        """Add an orchestrator (Prefect) flow run id to run.json; returns the ones before it."""
+        info = read_run_info(self.paths.root, self.run_id)
+        previous = list(info.get("prefect_flow_runs", []))
+        info["prefect_flow_runs"] = previous + [flow_run_id]
+        self._save_run_info(info)
+        self.tracker.set_tags({"prefect.flow_run_id": flow_run_id})
+        return previous
+
+    def _save_run_info(self, info: dict[str, Any]) -> None:
+        path = self.paths.run_dir / RUN_INFO
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json_dumps(info))
+        tmp.replace(path)
+
+    def _write_run_info(self, mode: str) -> None:
+        """<run_dir>/run.json: the MLflow run this run logs to, its lineage and its resumes
+        (a resume needs the MLflow run id even if the run stopped before its first checkpoint)."""
+        path = self.paths.run_dir / RUN_INFO
+        info = read_run_info(self.paths.root, self.run_id) if path.is_file() else {}
+        info.update({"run_id": self.run_id, "mlflow_run_id": self.tracker.run_id,
+                     "mlflow_uri": self.tracker.uri, "rollout_table": self.store.table_name,
+                     "usage_table": self.usage.table_name, "lancedb_uri": str(self.store.uri)})
+        if mode == "fork":
+            info["fork"] = {k: self.lineage[k] for k in ("source_run", "source_step", "source_checkpoint",
+                                                          "source_mlflow_run_id")}
+        if mode == "resume":
+            info.setdefault("resumes", []).append(
+                {"from_step": self.start_step, "at": datetime.now(timezone.utc).isoformat(),
+                 "checkpoint": self.lineage.get("checkpoint")})
+            self.tracker.set_tags({"replay_pipeline.resumes": str(len(info["resumes"])),
+                                   f"replay_pipeline.resume_{len(info['resumes'])}_from_step": str(self.start_step)})
+        self._save_run_info(info)
 
     @property
     def run_id(self) -> str:
@@ -157,21 +251,60 @@ class TrainingRun:
         rng = np.random.default_rng(step_seed(self.cfg.seed, step, _PROMPTS))
         prompts = list(self.task.train_prompts(loop.prompts_per_step, rng))
         seed = step_seed(self.cfg.seed, step, _GENERATE)
+        if step <= self.stored_through:
+            stored = self._stored_batch(step, seed, prompts)
+            if stored is not None:
+                return stored
         start = time.perf_counter()
         samples = self.generator.generate([p.text for p in prompts], n=loop.group_size, seed=seed)
+        faults.crash_point("generate", step)
         seconds = time.perf_counter() - start
         return GeneratedBatch(step, self.generator.policy_version, seed, prompts, samples, seconds)
 
+    def _stored_batch(self, step: int, seed: int, prompts: list[Prompt]) -> GeneratedBatch | None:
+        """This step's rollouts as stored by a process that stopped after its last checkpoint
+        (None unless all of them are stored, for these prompts)."""
+        g = self.cfg.loop.group_size
+        rows = self.store.rows_for_step(step, columns=["rollout_id", "policy_version", "prompt_id", "prompt_ids",
+                                                       "completion_ids", "behaviour_logprobs", "completion",
+                                                       "finish_reason"])
+        if rows.num_rows != len(prompts) * g:
+            return None
+        data = rows.to_pydict()
+        ids = [make_rollout_id(self.run_id, step, gi, si) for gi in range(len(prompts)) for si in range(g)]
+        order = {rid: i for i, rid in enumerate(data["rollout_id"])}
+        if set(order) != set(ids):
+            return None
+        samples: list[list[Sample]] = []
+        for gi, prompt in enumerate(prompts):
+            group = []
+            for si in range(g):
+                i = order[ids[gi * g + si]]
+                if data["prompt_id"][i] != prompt.prompt_id:
+                    return None  # not this configuration's prompts: generate afresh
+                group.append(Sample(prompt_ids=list(data["prompt_ids"][i]),
+                                    completion_ids=list(data["completion_ids"][i]),
+                                    logprobs=list(data["behaviour_logprobs"][i]),
+                                    text=data["completion"][i], finish_reason=data["finish_reason"][i]))
+            samples.append(group)
+        version = int(data["policy_version"][0])
+        return GeneratedBatch(step, version, seed, prompts, samples, 0.0, reused=True)
+
     def score(self, batch: GeneratedBatch) -> tuple[pa.Table, dict[str, float]]:
         """Reward every completion with the task's verifier, freeze group advantages, and
-        lay the rollouts out as rows of the rollout table."""
+        lay the rollouts out as rows of the rollout table.
+
+        A reward that raises or is not finite scores 0.0 and is flagged (scoring.safe_reward):
+        the reason goes to the row's `reward_error` (null otherwise), the count to
+        `score/flagged`, and one warning per step to the `replay_pipeline.scoring` logger."""
         start = time.perf_counter()
-        rewards, flagged = [], 0
+        rewards, errors = [], []
         for prompt, group in zip(batch.prompts, batch.samples):
             for s in group:
-                value, ok = safe_reward(lambda: self.task.reward(prompt, s.text, s.finish_reason))
+                value, error = safe_reward(lambda: self.task.reward(prompt, s.text, s.finish_reason))
                 rewards.append(value)
-                flagged += not ok
+                errors.append(error)
+        flagged = warn_flagged(batch.step, errors)
         g = self.cfg.loop.group_size
         advantages = group_advantages(rewards, g)
         group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
@@ -188,7 +321,7 @@ class TrainingRun:
                     "sample_index": si, "prompt": prompt.text, "completion": s.text,
                     "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
                     "behaviour_logprobs": s.logprobs, "reward": rewards[i],
-                    "correct": rewards[i] > 0, "advantage": float(advantages[i]),
+                    "reward_error": errors[i], "correct": rewards[i] > 0, "advantage": float(advantages[i]),
                     "group_reward_mean": float(group_means[gi]),
                     "finish_reason": s.finish_reason, "num_tokens": len(s.completion_ids),
                     "seed": batch.seed, "created_at": created,
@@ -213,8 +346,12 @@ class TrainingRun:
                                                  for grp in batch.samples for s in grp])),
             "generate/tokens_per_second": float(lengths.sum() / max(batch.seconds, 1e-9)),
             "generate/policy_version": float(batch.policy_version),
+            "generate/reused_from_store": float(batch.reused),
         }
-        self.ledger.add(gen_tokens=lengths.sum(), gen_seconds=batch.seconds, gen_rollouts=len(r))
+        if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
+            self.ledger.add(gen_tokens=lengths.sum())
+        else:
+            self.ledger.add(gen_tokens=lengths.sum(), gen_seconds=batch.seconds, gen_rollouts=len(r))
         return table, metrics
 
     def append(self, table: pa.Table, step: int) -> dict[str, float]:
@@ -222,7 +359,10 @@ class TrainingRun:
         compact the table every buffer.compact_every steps."""
         start = time.perf_counter()
         inserted = self.store.append(table)
+        # The buffer as of this step: everything, unless rows of later steps are stored already.
+        self.window_end = self.store.seq_end(step) if step < self.stored_through else self.store.count()
         seconds = time.perf_counter() - start
+        faults.crash_point("after_append", step)
         every = self.cfg.buffer.compact_every
         compact_seconds = 0.0
         if every and (step + 1) % every == 0:
@@ -231,7 +371,7 @@ class TrainingRun:
             self.usage.compact()
             compact_seconds = time.perf_counter() - t0
         self.ledger.add(other_seconds=seconds + compact_seconds)
-        return {"buffer/appended": float(inserted), "buffer/total_rows": float(self.store.count()),
+        return {"buffer/appended": float(inserted), "buffer/total_rows": float(self.window_end),
                 "buffer/append_seconds": seconds, "buffer/compact_seconds": compact_seconds}
 
     def sample(self, step: int) -> tuple[list[dict[str, list]], dict[str, float]]:
@@ -241,11 +381,13 @@ class TrainingRun:
         b, loop = self.cfg.buffer, self.cfg.loop
         size = window_for(b.strategy, b.capacity, self.rollouts_per_step)
         if b.positive_bias > 0:  # validation keeps it off the fresh baseline
-            meta = self.store.positive_bias_window(size, b.positive_bias, columns=list(META_COLUMNS))
+            meta = self.store.positive_bias_window(size, b.positive_bias, columns=list(META_COLUMNS),
+                                                   end=self.window_end)
         else:
-            meta = self.store.window_meta(size)
+            meta = self.store.window_meta(size, end=self.window_end)
         seqs = meta.column("seq").to_numpy()
-        counts = self.usage.reuse_counts(int(seqs.min()), int(seqs.max())) if len(seqs) else {}
+        before = self._usage_bound(self.learner.steps)
+        counts = self.usage.reuse_counts(int(seqs.min()), int(seqs.max()), before=before) if len(seqs) else {}
         info = WindowInfo(
             policy_version=meta.column("policy_version").to_numpy(), seq=seqs,
             correct=meta.column("correct").to_numpy(zero_copy_only=False),
@@ -310,8 +452,10 @@ class TrainingRun:
         """Record this round's uses, then derive reuse, staleness and steps-since-last-use
         from the usage table (durable records, not counters kept in memory)."""
         seqs = sorted({u["rollout_seq"] for u in used})
-        previous = self.usage.last_use(seqs)  # before this round's records land
-        self.usage.record(used)
+        first = min(u["learner_step"] for u in used)
+        end = max(u["learner_step"] for u in used) + 1
+        previous = self.usage.last_use(seqs, before=self._usage_bound(first))  # before this round's records
+        self.usage.record(used)  # idempotent: a replayed round's records are already stored
         since, last = [], dict(previous)
         for u in used:  # rows are in learner-step order
             q = u["rollout_seq"]
@@ -319,9 +463,9 @@ class TrainingRun:
                 since.append(u["learner_step"] - last[q])
             last[q] = u["learner_step"]
         staleness = np.asarray([u["staleness"] for u in used], dtype=np.float64)
-        counts = self.usage.reuse_counts(seqs[0], seqs[-1])
+        counts = self.usage.reuse_counts(seqs[0], seqs[-1], before=self._usage_bound(end))
         uses_of_used = np.asarray([counts.get(q, 0) for q in seqs], dtype=np.float64)
-        total_uses = self.usage.count()
+        total_uses = self.usage.count() if self._usage_bound(end) is None else self.usage.count_before(end)
         return {
             "buffer/staleness_mean": float(staleness.mean()),
             "buffer/staleness_max": float(staleness.max()),
@@ -330,9 +474,14 @@ class TrainingRun:
             "buffer/reuse_max": float(uses_of_used.max()),
             "buffer/first_use_frac": float(np.mean([q not in previous for q in seqs])),
             "buffer/steps_since_last_use_mean": float(np.mean(since)) if since else 0.0,
-            "buffer/replay_ratio": total_uses / max(self.store.count(), 1),
+            "buffer/replay_ratio": total_uses / max(self.window_end, 1),
             "buffer/usage_records": float(total_uses),
         }
+
+    def _usage_bound(self, learner_step: int) -> int | None:
+        """`before=` for usage reads at `learner_step`: None (read everything, the fast path)
+        unless records of this or later learner steps were stored by a stopped process."""
+        return learner_step if learner_step <= self.used_through else None
 
     def evaluate(self, step: int, sampled: bool = False) -> dict[str, float]:
         """Greedy held-out accuracy; with `sampled`, also the paper's pass@1 (temperature
@@ -350,21 +499,44 @@ class TrainingRun:
         return metrics
 
     def checkpoint(self, step: int) -> Path:
-        """Save model, optimizer and state atomically, tag the table version it saw."""
+        """Tag the table versions this checkpoint saw, then save model, optimizer and state
+        atomically (checkpoints.save_checkpoint), then tell MLflow. `step` = steps done.
+
+        The state holds everything a bit-for-bit resume needs: step, policy version, learner
+        steps, the RNG states, the sampler state (the window's end and the per-step seed rule:
+        samplers keep no other state), the compute totals, the evaluation history, the tags,
+        the MLflow run id and the config hash."""
         tag = checkpoint_name(step)
-        self.store.tag(tag)
-        self.usage.tag(tag)
+        versions = {}
+        for table in (self.store, self.usage):
+            # A tag left by a process that stopped before finishing this checkpoint names the
+            # same step's data (the sync loop is deterministic): keep it, never move it.
+            if tag not in table.tags():
+                table.tag(tag)
+            versions[table.table_name] = table.tags()[tag]
+        b = self.cfg.buffer
         state = {
-            "policy_version": self.policy_version, "learner_steps": self.learner.steps,
-            "table_tag": tag, "table_version": self.store.version,
+            "run_id": self.run_id, "policy_version": self.policy_version,
+            "learner_steps": self.learner.steps, "table_tag": tag,
             "rollout_table": self.store.table_name, "usage_table": self.usage.table_name,
-            "usage_version": self.usage.version, "mlflow_run_id": self.tracker.run_id,
-            "run_id": self.run_id, "seed": self.cfg.seed,
+            "table_version": versions[self.store.table_name], "usage_version": versions[self.usage.table_name],
+            "lancedb_uri": str(self.store.uri), "mlflow_run_id": self.tracker.run_id,
+            "config_hash": config_hash(self.cfg), "seed": self.cfg.seed,
+            "rng": capture_rng(),
+            "sampler": {"strategy": b.strategy, "window_end": self.window_end,
+                        "capacity": b.capacity, "positive_bias": b.positive_bias,
+                        "rng": "numpy default_rng(SeedSequence([seed, step, 2])) per step",
+                        "reuse_counts": f"usage table, learner_step < {self.learner.steps}"},
+            "compute": dict(self.ledger.totals),
+            "history": {k: v for k, v in self.history.items() if k.startswith("eval/")},
+            "lineage": self.lineage,
         }
         path = save_checkpoint(self.paths.checkpoints, step, self.learner.model, self.tokenizer,
-                               self.learner.optimizer, state, keep=self.cfg.loop.keep_checkpoints)
+                               self.learner.optimizer, state, keep=self.cfg.loop.keep_checkpoints,
+                               before_rename=lambda tmp: faults.crash_point("checkpoint_write", step))
+        faults.crash_point("after_checkpoint", step)
         self.tracker.set_tags({"checkpoint.latest": str(path), "checkpoint.latest_step": str(step)})
-        self.tracker.log_text(json_dumps({**state, "step": step, "path": str(path)}),
+        self.tracker.log_text(json_dumps({k: v for k, v in state.items() if k != "rng"} | {"step": step, "path": str(path)}),
                               f"checkpoints/{tag}.json")
         return path
 
@@ -394,6 +566,98 @@ class TrainingRun:
 
     def finish(self, status: str = "FINISHED") -> None:
         self.tracker.finish(status)
+
+
+def _start_point(cfg: DictConfig, mode: str, paths: RunPaths, log: Callable[[str], Any]
+                 ) -> tuple[tuple[Path, dict[str, Any]] | None, dict[str, Any]]:
+    """The verified checkpoint a resume or fork starts from (None: step 0), and the lineage.
+
+    Resume: the run's newest valid checkpoint (incomplete or corrupt ones are skipped with a
+    warning); with none, the run restarts from step 0 (a fork from its source checkpoint),
+    reusing every rollout it stored. Fork: the source's checkpoint at the given step."""
+    if mode == "new":
+        return None, {"mode": "new"}
+    if mode == "fork":
+        source, step = parse_fork(cfg.fork)
+        src = RunPaths.make(paths.root, source)
+        found = latest_valid(src.checkpoints, at_step=step)
+        if found is None:
+            have = [checkpoint_step(p) for p in list_checkpoints(src.checkpoints)]
+            raise CheckpointError(
+                f"cannot fork {source}@{step}: run {source} has no valid checkpoint at step {step} "
+                f"under {src.checkpoints} (valid or not, it has: {have or 'none'}). Checkpoints are "
+                "written every loop.checkpoint_every steps and the newest loop.keep_checkpoints kept.")
+        path, state = found
+        return found, {"mode": "fork", "source_run": source, "source_step": step,
+                       "source_checkpoint": str(path), "source_mlflow_run_id": state.get("mlflow_run_id"),
+                       "tag": state["table_tag"], "learner_steps": int(state["learner_steps"])}
+    for tmp in remove_partial(paths.checkpoints):
+        log(f"removed {tmp.name}: a checkpoint the stopped process was still writing")
+    found = latest_valid(paths.checkpoints)
+    info = read_run_info(paths.root, paths.run_id)
+    if found is not None:
+        path, state = found
+        if state.get("run_id") not in (None, paths.run_id):
+            raise CheckpointError(f"{path} belongs to run {state.get('run_id')!r}, not {paths.run_id!r}")
+        if state.get("config_hash") != config_hash(cfg):
+            raise CheckpointError(
+                f"{path} was written with a different configuration (config hash "
+                f"{state.get('config_hash')} != {config_hash(cfg)}): {paths.run_dir / 'config.yaml'} "
+                f"was changed since. Restore it, or fork the run instead: fork={paths.run_id}@{state['step']}")
+        return found, {"mode": "resume", "checkpoint": str(path)}
+    if list_checkpoints(paths.checkpoints):
+        warnings.warn(f"no checkpoint of {paths.run_id} verifies; restarting it from its start "
+                      "(its stored rollouts are reused, not regenerated)")
+    fork = info.get("fork")
+    if fork:  # a fork that stopped before its first checkpoint: start again from the source's
+        src = RunPaths.make(paths.root, fork["source_run"])
+        found = latest_valid(src.checkpoints, at_step=int(fork["source_step"]))
+        if found is None:
+            raise CheckpointError(f"{paths.run_id} is a fork of {fork['source_run']}@{fork['source_step']} "
+                                  "that stopped before its first checkpoint, and the source checkpoint is gone")
+        return found, {"mode": "resume", "checkpoint": str(found[0]), "fork_restart": True, **fork,
+                       "tag": found[1]["table_tag"], "learner_steps": int(found[1]["learner_steps"])}
+    return None, {"mode": "resume", "checkpoint": None}
+
+
+def _open_tables(uri: str, mode: str, run_id: str, lineage: dict[str, Any]) -> tuple[RolloutStore, UsageStore]:
+    """New run: create both tables. Resume: open them (a schema mismatch is refused and the
+    table left untouched). Fork: shallow-clone the source's at the checkpoint's tag, then drop
+    the source rows the tag holds beyond the fork point (the fork's own rows are kept, so an
+    interrupted fork can be resumed)."""
+    if mode == "new":
+        return RolloutStore.create(uri, run_id), UsageStore.create(uri, run_id)
+    if mode == "fork" or lineage.get("fork_restart"):
+        source, step, tag = lineage["source_run"], lineage["source_step"], lineage["tag"]
+        mine = f"run_id != {sql_str(run_id)}"
+        store = RolloutStore.fork(uri, source, tag, run_id, drop_where=f"{mine} AND step >= {int(step)}")
+        usage = UsageStore.fork(uri, source, tag, run_id,
+                                drop_where=f"{mine} AND learner_step >= {int(lineage['learner_steps'])}")
+        return store, usage
+    return RolloutStore.open(uri, run_id), UsageStore.open(uri, run_id)
+
+
+def _tracker(cfg: DictConfig, mode: str, paths: RunPaths, store: RolloutStore, usage: UsageStore,
+             uri: str, lineage: dict[str, Any]) -> MlflowTracker:
+    mlflow_uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
+    if mode == "resume":
+        run_id = read_run_info(paths.root, paths.run_id).get("mlflow_run_id")
+        if not run_id:
+            raise CheckpointError(f"{paths.run_dir / RUN_INFO} is missing, so the MLflow run of "
+                                  f"{paths.run_id} is unknown; fork the run from a checkpoint instead")
+        return MlflowTracker.attach(mlflow_uri, run_id)
+    tags = {"replay_pipeline.run_id": paths.run_id, "replay_pipeline.rollout_table": store.table_name,
+            "replay_pipeline.usage_table": usage.table_name,
+            "replay_pipeline.lancedb_uri": uri, "replay_pipeline.run_dir": str(paths.run_dir)}
+    if mode == "fork":
+        tags |= {"replay_pipeline.fork_of": lineage["source_run"],
+                 "replay_pipeline.fork_step": str(lineage["source_step"]),
+                 "replay_pipeline.fork_checkpoint": lineage["source_checkpoint"],
+                 "replay_pipeline.fork_mlflow_run_id": str(lineage["source_mlflow_run_id"]),
+                 "replay_pipeline.fork_table_tag": lineage["tag"]}
+    return MlflowTracker(uri=mlflow_uri, experiment=cfg.tracking.experiment,
+                         artifact_location=cfg.tracking.artifact_location or paths.artifact_location,
+                         run_name=paths.run_id, tags=tags)
 
 
 def sampling_rules(buffer_cfg) -> SamplingRules:
@@ -439,7 +703,7 @@ def _summary(run: TrainingRun, status: str) -> dict[str, Any]:
     t = run.ledger.totals
     return {
         "run_id": run.run_id, "status": status,
-        "steps_done": int(run.history.get("learn/policy_version", [(0, 0.0)])[-1][1]),
+        "steps_done": int(run.history.get("learn/policy_version", [(0, float(run.start_step))])[-1][1]),
         "policy_version": run.policy_version,
         "accuracy_before": evals[0][1] if evals else float("nan"),
         "accuracy_after": evals[-1][1] if evals else float("nan"),

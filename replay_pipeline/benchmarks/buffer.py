@@ -89,6 +89,7 @@ class SyntheticRollouts:
             "completion_ids": self._lists(self.token_pool, n, self.tokens, pa.int32()),
             "behaviour_logprobs": self._lists(self.logprob_pool, n, self.tokens, pa.float32()),
             "reward": pa.array(reward),
+            "reward_error": pa.nulls(n, pa.string()),
             "correct": pa.array(reward > 0),
             "advantage": pa.array(self.rng.standard_normal(n).astype(np.float32)),
             "group_reward_mean": pa.array(np.full(n, reward.mean(), np.float32)),

@@ -235,6 +235,40 @@ class LanceTable:
             return cls.open(uri, run_id, storage_options=storage_options)
 
     @classmethod
+    def fork(cls, uri: str | Path, source_run_id: str, tag: str, run_id: str, *, drop_where: str | None = None,
+             storage_options: Mapping[str, str] | None = None):
+        """A new run's table that begins as ``source_run_id``'s table at ``tag``, sharing its
+        data files (Lance's shallow clone: nothing is copied; the clone writes its own new
+        fragments, deletions and indexes, and the source is never modified).
+
+        ``drop_where`` deletes the clone's rows matching it (the rows a tag may hold beyond the
+        fork point). The tag on the source keeps the shared files alive: a source compaction
+        never removes a tagged version's files, so do not delete a tag a fork was made from.
+        If the clone already exists (a fork interrupted after cloning), it is reused and the
+        deletion applied again (idempotent).
+        """
+        source = cls.open(uri, source_run_id, storage_options=storage_options)
+        name = cls.table_name_for(run_id)
+        tags = source.tags()
+        if tag not in tags:
+            raise StoreError(f"cannot fork {source.table_name!r} at {tag!r}: no such tag "
+                             f"(tags: {sorted(tags) or 'none'})")
+        db = source._db
+        if name not in table_names(db):
+            src_uri = str(source._dataset().uri).rstrip("/")
+            target = src_uri.rsplit("/", 1)[0] + f"/{name}.lance"
+            source._dataset().shallow_clone(target, tag, storage_options=dict(storage_options) if storage_options else None)
+        table = db.open_table(name)
+        store = cls(db, table, str(uri), run_id)
+        # The cloned indexes point into the source's directory, which index updates in the
+        # clone cannot extend: rebuild them as the clone's own.
+        for column in cls.INDEXED:
+            table.create_index(column, config=BTree(), replace=True)
+        if drop_where:
+            table.delete(drop_where)
+        return store
+
+    @classmethod
     def list_runs(cls, uri: str | Path, *, storage_options: Mapping[str, str] | None = None) -> list[str]:
         """The run ids that have a table of this kind at ``uri``, sorted; [] if ``uri`` does not exist."""
         if not _exists(uri):

@@ -10,6 +10,18 @@ FIFO window is defined over.
 
 ``rollout_id`` is deterministic (:func:`make_rollout_id`), which is what makes appends
 idempotent: retrying a write whose outcome is unknown matches the stored ids and inserts nothing.
+
+``reward_error`` (nullable string, right after ``reward``) is null for a rollout whose verifier
+returned a finite number, and otherwise says why it was flagged: ``"reward raised ValueError:
+boom"``, ``"reward was nan"``, ``"reward was inf"`` (see :func:`replay_pipeline.scoring.safe_reward`).
+A flagged rollout is stored like any other with ``reward`` 0.0 and ``correct`` False. It is the
+one column a row dict may leave out (:data:`OPTIONAL_INPUT_COLUMNS`): :func:`rows_to_table`
+fills a missing ``reward_error`` with null, so row builders written before the column existed
+keep working. A pyarrow *table* must still carry every column (the store checks it).
+
+Tables created before ``reward_error`` existed do not match this schema;
+``RolloutStore.open`` refuses them with a ``StoreError`` naming the missing column and leaves
+them unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import pyarrow as pa
 __all__ = [
     "ROLLOUT_SCHEMA",
     "INPUT_COLUMNS",
+    "OPTIONAL_INPUT_COLUMNS",
     "make_rollout_id",
     "rows_to_table",
     "SchemaMismatch",
@@ -44,6 +57,7 @@ ROLLOUT_SCHEMA: pa.Schema = pa.schema(
         pa.field("completion_ids", pa.list_(pa.int32())),
         pa.field("behaviour_logprobs", pa.list_(pa.float32())),
         pa.field("reward", pa.float32()),
+        pa.field("reward_error", pa.string(), nullable=True),
         pa.field("correct", pa.bool_()),
         pa.field("advantage", pa.float32()),
         pa.field("group_reward_mean", pa.float32()),
@@ -56,6 +70,9 @@ ROLLOUT_SCHEMA: pa.Schema = pa.schema(
 
 #: The columns a caller supplies: every column except ``seq``, which the store assigns.
 INPUT_COLUMNS: tuple[str, ...] = tuple(n for n in ROLLOUT_SCHEMA.names if n != "seq")
+
+#: Input columns a row dict may leave out; :func:`rows_to_table` stores them as null.
+OPTIONAL_INPUT_COLUMNS: tuple[str, ...] = ("reward_error",)
 
 
 class SchemaMismatch(ValueError):
@@ -109,20 +126,24 @@ def rows_to_table(
     *,
     assigned: Sequence[str] = ("seq",),
     noun: str = "rollout",
+    optional: Sequence[str] = OPTIONAL_INPUT_COLUMNS,
 ) -> pa.Table:
     """Build a table in ``schema`` (default :data:`ROLLOUT_SCHEMA`) from row dicts.
 
     Every dict must have exactly the schema's keys except the ``assigned`` ones (``seq``, which
     the store fills in); the error names the missing and extra keys (and the first offending
-    row, as "``noun`` row i"). Assigned columns come back all-null. Values are converted to the
+    row, as "``noun`` row i"). Assigned columns come back all-null. Keys in ``optional``
+    (default :data:`OPTIONAL_INPUT_COLUMNS`, i.e. ``reward_error``; names the schema lacks are
+    ignored) may be left out, per row, and are then null. Values are converted to the
     schema's types column by column, and a value that cannot be converted raises
     :class:`SchemaMismatch` naming the column. Naive ``created_at`` datetimes are taken as UTC.
     """
     rows = list(rows)
     filled = [n for n in schema.names if n in assigned]
     expected = {n for n in schema.names if n not in filled}
+    may_miss = expected & set(optional)
     for i, row in enumerate(rows):
-        keys = set(row.keys())
+        keys = set(row.keys()) | may_miss
         if keys != expected:
             missing = sorted(expected - keys)
             extra = sorted(keys - expected)
@@ -139,7 +160,7 @@ def rows_to_table(
         if field.name in filled:
             arrays.append(pa.nulls(len(rows), type=field.type))
             continue
-        values = [row[field.name] for row in rows]
+        values = [row.get(field.name) for row in rows]
         try:
             arrays.append(pa.array(values, type=field.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:

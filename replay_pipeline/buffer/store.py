@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .lance_table import LanceTable, StoreError, int_filter
 from .schema import ROLLOUT_SCHEMA
@@ -96,24 +97,30 @@ class RolloutStore(LanceTable):
         return data.set_column(ROLLOUT_SCHEMA.get_field_index("seq"), ROLLOUT_SCHEMA.field("seq"), seq)
 
     # ------------------------------------------------------------------ the buffer
-    def window(self, capacity: int, columns: Sequence[str] | None = None) -> pa.Table:
+    def window(self, capacity: int, columns: Sequence[str] | None = None, end: int | None = None) -> pa.Table:
         """The FIFO replay window: the newest ``capacity`` rows by ``seq``, sorted by ``seq``.
 
         The filter ``seq >= count - capacity`` is pushed down to Lance; only the window's rows
         (and only ``columns``, if given) are read. Returns all rows if the table holds fewer
         than ``capacity``. If concurrent writers gave rows duplicate ``seq`` values the filter
         is widened until ``capacity`` rows are found.
+
+        ``end`` (exclusive ``seq``) reads the window as it stood when the table held ``end``
+        rows: a resumed run replays the steps after its checkpoint against the buffer it had
+        then, although the rows generated after the checkpoint are already stored.
         """
         capacity = _check_capacity(capacity)
         columns = self._check_columns(columns)
-        return self._newest(capacity, self._fetch_columns(columns), columns)
+        return self._newest(capacity, self._fetch_columns(columns), columns, end)
 
-    def _newest(self, capacity: int, fetch: list[str] | None, columns: list[str] | None) -> pa.Table:
-        n = self.count()
+    def _newest(self, capacity: int, fetch: list[str] | None, columns: list[str] | None,
+                end: int | None = None) -> pa.Table:
+        n = self.count() if end is None else int(end)
+        upper = "" if end is None else f" AND seq < {n}"
         want = min(capacity, n)
         lo = n - capacity
         while True:
-            out = self._query(f"seq >= {max(lo, 0)}", fetch)
+            out = self._query(f"seq >= {max(lo, 0)}{upper}", fetch)
             if out.num_rows >= want or lo <= 0:
                 break
             lo -= want - out.num_rows  # duplicate seqs from racing writers: look further back
@@ -122,10 +129,10 @@ class RolloutStore(LanceTable):
             out = out.slice(out.num_rows - capacity)
         return out if columns is None else out.select(columns)
 
-    def window_meta(self, capacity: int, columns: Sequence[str] = META_COLUMNS) -> pa.Table:
+    def window_meta(self, capacity: int, columns: Sequence[str] = META_COLUMNS, end: int | None = None) -> pa.Table:
         """:meth:`window` with only light columns (default :data:`META_COLUMNS`): what a
         sampler needs to choose rows, which it then reads with :meth:`take_seqs`."""
-        return self.window(capacity, columns=list(columns))
+        return self.window(capacity, columns=list(columns), end=end)
 
     def take_seqs(self, seqs: Sequence[int] | np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
         """The rows with these ``seq`` values, in the order of ``seqs``.
@@ -161,7 +168,8 @@ class RolloutStore(LanceTable):
         out = found.take(first[at])
         return out if columns is None else out.select(columns)
 
-    def positive_bias_window(self, capacity: int, delta: float, columns: Sequence[str] | None = None) -> pa.Table:
+    def positive_bias_window(self, capacity: int, delta: float, columns: Sequence[str] | None = None,
+                             end: int | None = None) -> pa.Table:
         """The paper's positive-bias buffer, sorted by ``seq``.
 
         The freshest ``capacity - round(delta * capacity)`` rows (``round((1 - delta) *
@@ -170,6 +178,7 @@ class RolloutStore(LanceTable):
         those. Fewer rows if the table holds fewer, or too few correct ones. The correct rows
         are found by scanning backwards from the fresh part in ``seq`` ranges (each pushed
         down, each twice the last), so the whole table is read only if correct rows are rare.
+        ``end`` as in :meth:`window`.
         """
         capacity = _check_capacity(capacity)
         if isinstance(delta, bool) or not 0 <= delta <= 1:
@@ -178,10 +187,10 @@ class RolloutStore(LanceTable):
         fetch = self._fetch_columns(columns)
         n_positive = round(delta * capacity)
         n_fresh = capacity - n_positive
-        fresh = self._newest(n_fresh, fetch, None) if n_fresh else self._empty(fetch)
+        fresh = self._newest(n_fresh, fetch, None, end) if n_fresh else self._empty(fetch)
         if fresh.num_rows < n_fresh:  # the table holds no older rows
             return fresh if columns is None else fresh.select(columns)
-        hi = fresh.column("seq")[0].as_py() if n_fresh else self.count()
+        hi = fresh.column("seq")[0].as_py() if n_fresh else (self.count() if end is None else int(end))
         span = max(_POSITIVE_SCAN_FACTOR * n_positive, 1024)
         parts = [fresh]
         still = n_positive
@@ -203,3 +212,17 @@ class RolloutStore(LanceTable):
     def rows_for_step(self, step: int, columns: Sequence[str] | None = None) -> pa.Table:
         """Rows generated at generation step ``step``, sorted by ``seq``."""
         return self._ordered(f"step = {int(step)}", columns)
+
+    def max_step(self) -> int:
+        """The newest generation step stored (-1 for an empty table)."""
+        steps = self._query(None, ["step"]).column("step")
+        return int(pc.max(steps).as_py()) if len(steps) else -1
+
+    def seq_end(self, step: int) -> int:
+        """One past the largest ``seq`` of the rows of generation steps ``<= step``: the
+        table's size right after ``step``'s rows were appended, when steps are appended in
+        order (the sync loop)."""
+        seqs = self._query(f"step = {int(step)}", ["seq"]).column("seq")
+        if not len(seqs):
+            seqs = self._query(f"step <= {int(step)}", ["seq"]).column("seq")
+        return int(pc.max(seqs).as_py()) + 1 if len(seqs) else 0

@@ -48,6 +48,10 @@ USAGE_SCHEMA: pa.Schema = pa.schema(
 )
 
 
+def _before(learner_step: int | None) -> str:
+    return "" if learner_step is None else f" AND learner_step < {int(learner_step)}"
+
+
 def make_usage_id(run_id: str, learner_step: int, position: int) -> str:
     """The deterministic id of one use: ``{run_id}/l{learner_step:08d}/p{position:05d}``."""
     for name, value in (("learner_step", learner_step), ("position", position)):
@@ -93,25 +97,39 @@ class UsageStore(LanceTable):
                 f"rollout_policy_version; it does not for {ids[:5]}"
             )
 
-    def reuse_counts(self, seq_min: int, seq_max: int | None = None) -> dict[int, int]:
+    def reuse_counts(self, seq_min: int, seq_max: int | None = None, before: int | None = None) -> dict[int, int]:
         """``rollout_seq -> number of uses`` for the rollouts with ``seq_min <= seq <= seq_max``
-        (no upper bound if None) that were used at least once. Pushed down to the index."""
+        (no upper bound if None) that were used at least once. Pushed down to the index.
+
+        ``before`` counts only the uses by learner steps ``< before``: the counts as they were
+        at that learner step (a resumed run replays steps whose records are already stored)."""
         where = f"rollout_seq >= {int(seq_min)}" + ("" if seq_max is None else f" AND rollout_seq <= {int(seq_max)}")
-        used = self._query(where, ["rollout_seq"])
+        used = self._query(where + _before(before), ["rollout_seq"])
         counts = used.group_by("rollout_seq").aggregate([("rollout_seq", "count")])
         return dict(zip(counts.column("rollout_seq").to_pylist(), counts.column("rollout_seq_count").to_pylist()))
 
-    def last_use(self, rollout_seqs: Sequence[int] | np.ndarray) -> dict[int, int]:
+    def last_use(self, rollout_seqs: Sequence[int] | np.ndarray, before: int | None = None) -> dict[int, int]:
         """``rollout_seq -> newest learner_step that used it``, for those of ``rollout_seqs``
-        ever used (one pushed-down range for a window's seqs, else ``IN`` lists)."""
+        ever used (one pushed-down range for a window's seqs, else ``IN`` lists); ``before``
+        as in :meth:`reuse_counts`."""
         wanted = np.unique(np.asarray(rollout_seqs, dtype=np.int64))
-        parts = [self._query(flt, ["rollout_seq", "learner_step"]) for flt in int_filter("rollout_seq", wanted)]
+        parts = [self._query(flt + _before(before), ["rollout_seq", "learner_step"])
+                 for flt in int_filter("rollout_seq", wanted)]
         if not parts:
             return {}
         used = pa.concat_tables(parts)
         used = used.filter(pc.is_in(used.column("rollout_seq"), value_set=pa.array(wanted)))
         last = used.group_by("rollout_seq").aggregate([("learner_step", "max")])
         return dict(zip(last.column("rollout_seq").to_pylist(), last.column("learner_step_max").to_pylist()))
+
+    def count_before(self, learner_step: int) -> int:
+        """Records of learner steps ``< learner_step``."""
+        return int(self._table.count_rows(f"learner_step < {int(learner_step)}"))
+
+    def max_learner_step(self) -> int:
+        """The newest learner step recorded (-1 if none)."""
+        steps = self._query(None, ["learner_step"]).column("learner_step")
+        return int(pc.max(steps).as_py()) if len(steps) else -1
 
     def rows(self, where: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
         """Records matching the SQL filter ``where`` (all if None), sorted by

@@ -11,6 +11,16 @@ Decisions:
 - The generator owns its own copy of the weights: new weights reach it only through
   ``load_weights``, as they would reach a separate inference engine (vLLM).
 - Sampling is seeded per call (torch.manual_seed(seed)), so a run is reproducible.
+- Edge completions are ordinary Samples. A completion whose first token is <eos> is
+  ``completion_ids == [eos]`` with text "" and finish_reason "stop" (the <eos> is a real
+  token the learner trains on). One that reaches ``max_new_tokens`` without <eos> is cut
+  there with finish_reason "length". ``max_new_tokens=0`` (refused by the run's config, but
+  accepted here) returns empty completions (no ids, no log-probs, text "", "length")
+  without running the model.
+- Too long for the model: a prompt whose token count plus ``max_new_tokens`` exceeds the
+  model's ``max_position_embeddings`` is refused before any sampling, with a ValueError that
+  names the prompt, the numbers and the fix. Rotary models would otherwise run on past
+  their trained positions without complaint.
 """
 
 from __future__ import annotations
@@ -68,14 +78,39 @@ class TransformersGenerator:
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
         max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if max_new < 0:
+            raise ValueError(f"max_new_tokens={max_new} must be >= 0")
         encoded = [self.tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+        self._check_positions(prompts, encoded, max_new)
         rows = [ids for ids in encoded for _ in range(n)]  # group-major: prompt i's samples adjacent
+        if max_new == 0:  # nothing to sample; generate() would still run a forward pass
+            empty = [Sample(prompt_ids=list(r), completion_ids=[], logprobs=[], text="",
+                            finish_reason="length") for r in rows]
+            return [empty[i * n:(i + 1) * n] for i in range(len(prompts))]
         torch.manual_seed(seed)
         flat: list[Sample] = []
         for start in range(0, len(rows), self.batch_size):
             flat.extend(self._generate_rows(rows[start:start + self.batch_size], greedy,
                                             temperature, top_p, max_new))
         return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    @property
+    def max_positions(self) -> int | None:
+        """The model's ``max_position_embeddings`` (None if its config does not say)."""
+        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+
+    def _check_positions(self, prompts: Sequence[str], encoded: list[list[int]], max_new: int) -> None:
+        limit = self.max_positions
+        if not limit or not encoded:
+            return
+        i = max(range(len(encoded)), key=lambda k: len(encoded[k]))
+        if len(encoded[i]) + max_new > limit:
+            raise ValueError(
+                f"prompt {i} ({prompts[i][:40]!r}) has {len(encoded[i])} tokens; with "
+                f"max_new_tokens={max_new} a sequence could reach {len(encoded[i]) + max_new} "
+                f"positions, more than the model's max_position_embeddings={limit}. Lower "
+                f"generator.max_new_tokens to at most {max(limit - len(encoded[i]), 0)}, "
+                f"shorten the prompts, or use a model with more positions")
 
     def _generate_rows(self, rows: list[list[int]], greedy: bool, temperature: float,
                        top_p: float, max_new: int) -> list[Sample]:

@@ -47,6 +47,9 @@ def test_no_buffer_preset(preset):
     (["algo.lr=abc"], "algo.lr"),
     (["loop.group_size=1"], "at least two completions"),
     (["run_id=bad/name"], "run_id"),
+    (["resume=bad/name"], "resume="),
+    (["fork=some-run"], "<run_id>@<step>"),
+    (["fork=some-run@x"], "<run_id>@<step>"),
 ])
 def test_invalid_configuration_says_how_to_fix(overrides, needle):
     with pytest.raises(ConfigError) as err:

@@ -199,6 +199,26 @@ def test_ratio_objectives_on_policy_are_reinforce(name):
     assert not out.clipped.any()
 
 
+def test_empty_completions_add_nothing_and_an_all_empty_minibatch_is_zero_not_nan():
+    # row 0 has 2 tokens, row 1 none (an empty completion), row 2 one token
+    per_token = torch.tensor([[1.0, 5.0, 7.0], [9.0, 9.0, 9.0], [2.0, 4.0, 4.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    # token mean (1 + 5 + 2) / 3; seq mean over the two non-empty rows ((1 + 5) / 2 + 2) / 2
+    assert aggregate(per_token, mask, "token_mean").item() == pytest.approx(8 / 3)
+    assert aggregate(per_token, mask, "seq_mean").item() == pytest.approx(2.5)
+    # a non-finite value at a masked position does not reach the loss value
+    poisoned = per_token.detach().clone()
+    poisoned[1] = float("inf")
+    poisoned[0, 2] = float("nan")
+    for mode in ("token_mean", "seq_mean"):
+        assert aggregate(poisoned, mask, mode).item() == pytest.approx(8 / 3 if mode == "token_mean" else 2.5)
+        loss = aggregate(per_token, torch.zeros_like(mask), mode)
+        assert loss.item() == 0.0
+        loss.backward()
+        assert torch.equal(per_token.grad, torch.zeros_like(per_token))
+        per_token.grad = None
+
+
 def test_token_mean_and_seq_mean_weigh_long_completions_differently():
     # two completions, 3 tokens and 1 token, A = 1, on-policy tis (REINFORCE):
     # token_mean: each of 4 tokens gets -1/4; seq_mean: -1/(2*3) on the long one, -1/2 on the short

@@ -1,11 +1,12 @@
 """Group-normalised advantages, worked by hand."""
 
+import logging
 import math
 
 import numpy as np
 import pytest
 
-from replay_pipeline.scoring import group_advantages, safe_reward
+from replay_pipeline.scoring import MAX_ERROR_CHARS, group_advantages, safe_reward, warn_flagged
 
 
 def test_group_advantages_by_hand():
@@ -35,12 +36,41 @@ def test_bad_layout_raises():
         group_advantages([1, 0, 1], 4)
 
 
-def test_safe_reward_flags_raise_and_nan():
-    assert safe_reward(lambda: 1.0) == (1.0, True)
-    assert safe_reward(lambda: float("nan")) == (0.0, False)
-    assert safe_reward(lambda: float("inf")) == (0.0, False)
+def test_safe_reward_flags_raise_and_nan_with_the_reason():
+    assert safe_reward(lambda: 1.0) == (1.0, None)
+    assert safe_reward(lambda: 0) == (0.0, None)
+    assert safe_reward(lambda: float("nan")) == (0.0, "reward was nan")
+    assert safe_reward(lambda: float("inf")) == (0.0, "reward was inf")
+    assert safe_reward(lambda: float("-inf")) == (0.0, "reward was -inf")
 
     def boom():
         raise RuntimeError("verifier crashed")
 
-    assert safe_reward(boom) == (0.0, False)
+    assert safe_reward(boom) == (0.0, "reward raised RuntimeError: verifier crashed")
+    value, error = safe_reward(lambda: None)  # not a number at all
+    assert value == 0.0 and error.startswith("reward raised TypeError: ")
+
+    def silent():
+        raise ValueError
+
+    assert safe_reward(silent) == (0.0, "reward raised ValueError")
+
+
+def test_safe_reward_keeps_long_messages_short_and_on_one_line():
+    def chatty():
+        raise ValueError("line one\nline two " + "x" * 500)
+
+    value, error = safe_reward(chatty)
+    assert value == 0.0 and len(error) == MAX_ERROR_CHARS and error.endswith("...")
+    assert error.startswith("reward raised ValueError: line one line two x") and "\n" not in error
+
+
+def test_warn_flagged_logs_once_with_the_count_and_the_first_reason(caplog):
+    with caplog.at_level(logging.WARNING, logger="replay_pipeline.scoring"):
+        assert warn_flagged(3, [None, None]) == 0
+        assert caplog.records == []
+        assert warn_flagged(4, [None, "reward was nan", "reward raised ValueError: boom"]) == 2
+    (record,) = caplog.records
+    assert record.name == "replay_pipeline.scoring" and record.levelno == logging.WARNING
+    assert "step 4: 2 of 3 rollouts flagged" in record.getMessage()
+    assert "first: reward was nan" in record.getMessage()

@@ -1,0 +1,141 @@
+"""Resume and fork: which configuration a continued run uses, and what may change.
+
+    python -m flows.train resume=<run_id> [loop.steps=N ...]
+    python -m flows.train fork=<run_id>@<step> [any overrides]
+
+**Resume** continues a run from its newest valid checkpoint into the same rollout table, usage
+table and MLflow run. Its configuration is the run's own `<root>/<run_id>/config.yaml`; the
+command line may change only the keys in :data:`RESUMABLE`, which do not change the
+trajectory (the run length, the evaluation and checkpoint cadence, the progress bar, the
+torch thread count). Any other change is refused before work starts, naming the keys and
+suggesting a fork, because a resumed run must replay exactly what the stopped run would have
+done. The checkpoint stores :func:`config_hash` of the configuration it was trained with; a
+resume whose configuration hashes differently (an edited config.yaml) is refused too.
+
+**Fork** starts a *new* run (new run id, new MLflow run tagged with its lineage) from the
+source run's checkpoint at `step`: its configuration is the source's config.yaml with the
+command line's changes applied. Everything may change except `model.*` (the weights come
+from the checkpoint), `buffer.uri` (the new table is a shallow clone inside the source's
+LanceDB database) and `tracking.*` other than `progress` and `root_dir`.
+
+"Changed on the command line" means: differs between the composed configuration with the
+given overrides and the composed defaults (so a group choice such as `algo=asymre` counts as
+the keys it changes), and differs from the saved run's value (repeating the run's own
+overrides is harmless).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from replay_pipeline.config import Config, ConfigError, flatten, load_config, validate
+from replay_pipeline.runs import RunPaths
+
+#: Keys a resume may change: they do not alter what the run generates or learns.
+RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_samples",
+             "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress",
+             "model.torch_threads")
+#: Keys that name or locate a run rather than configure it (never part of the hash).
+IDENTITY = ("run_id", "resume", "fork", "tracking.root_dir")
+#: Prefixes a fork may not change (plus the listed exceptions, which it may).
+FORK_FIXED = ("model.", "buffer.uri", "tracking.")
+FORK_FREE = ("tracking.progress", "tracking.root_dir", "model.torch_threads")
+
+RUN_INFO = "run.json"
+
+
+def config_hash(cfg: DictConfig | dict) -> str:
+    """SHA-256 (16 hex digits) of every key that shapes the trajectory (not RESUMABLE or
+    IDENTITY keys), so a resume can prove it continues with the configuration it stopped with."""
+    flat = {k: v for k, v in flatten(cfg).items() if k not in RESUMABLE and k not in IDENTITY}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def parse_fork(spec: str) -> tuple[str, int]:
+    run_id, _, step = str(spec).partition("@")
+    return run_id, int(step)
+
+
+def changed_keys(cfg: DictConfig, defaults: DictConfig) -> dict[str, Any]:
+    """Keys whose value the overrides changed from the defaults (identity keys excluded)."""
+    new, old = flatten(cfg), flatten(defaults)
+    return {k: v for k, v in new.items() if k not in IDENTITY and old.get(k, object()) != v}
+
+
+def saved_config(root: str | Path, run_id: str) -> dict[str, Any]:
+    """A run's resolved config.yaml as a dict; ConfigError (with the runs there) if missing."""
+    paths = RunPaths.make(root, run_id)
+    path = paths.run_dir / "config.yaml"
+    if not path.is_file():
+        have = sorted(p.parent.name for p in paths.root.glob("*/config.yaml")) if paths.root.is_dir() else []
+        raise ConfigError(f"no run {run_id!r} under {paths.root} (no {path}); runs there: "
+                          f"{', '.join(have[-10:]) or 'none'}. Pass the run id printed at its start, "
+                          "and the same tracking.root_dir it used.")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def read_run_info(root: str | Path, run_id: str) -> dict[str, Any]:
+    """`<run_dir>/run.json`: the MLflow run id and fork lineage, written when a run starts."""
+    path = RunPaths.make(root, run_id).run_dir / RUN_INFO
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is garbled ({exc}); restore it or fork from a checkpoint instead") from exc
+
+
+def _merge(saved: dict[str, Any], changes: dict[str, Any], identity: dict[str, Any]) -> DictConfig:
+    base = OmegaConf.structured(Config)
+    try:
+        cfg = OmegaConf.merge(base, OmegaConf.create(saved))
+    except Exception as exc:  # keys this version does not know, or wrong types
+        raise ConfigError(f"the saved configuration no longer fits this version's schema: {exc}") from exc
+    for key, value in {**changes, **identity}.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    validate(cfg)
+    return cfg
+
+
+def resolve_config(overrides: list[str] | None) -> DictConfig:
+    """The configuration a `python -m flows.train` command line runs with: composed and
+    validated, then (for resume or fork) rebuilt from the saved run's config as described in
+    the module docstring. Raises ConfigError before any work."""
+    overrides = list(overrides or [])
+    cfg = load_config(overrides)
+    if cfg.resume is None and cfg.fork is None:
+        return cfg
+    if cfg.resume is not None and cfg.fork is not None:
+        raise ConfigError("give either resume=<run_id> or fork=<run_id>@<step>, not both")
+    changes = changed_keys(cfg, load_config([]))
+    root = cfg.tracking.root_dir
+    if cfg.resume is not None:
+        saved = saved_config(root, cfg.resume)
+        old = flatten(saved)
+        refused = {k: v for k, v in changes.items() if k not in RESUMABLE and old.get(k) != v}
+        if refused:
+            listed = ", ".join(f"{k} ({old.get(k)!r} -> {v!r})" for k, v in sorted(refused.items()))
+            raise ConfigError(
+                f"resume={cfg.resume} cannot change {listed}: a resumed run replays exactly what "
+                f"the stopped run would have done. Only {', '.join(RESUMABLE)} may change. To try a "
+                f"change from a checkpoint, fork it: python -m flows.train fork={cfg.resume}@<step> "
+                + " ".join(f"{k}={v}" for k, v in sorted(refused.items())))
+        identity = {"run_id": cfg.resume, "resume": cfg.resume, "tracking.root_dir": root}
+        return _merge(saved, changes, identity)
+    source, step = parse_fork(cfg.fork)
+    saved = saved_config(root, source)
+    old = flatten(saved)
+    refused = {k: v for k, v in changes.items()
+               if k.startswith(FORK_FIXED) and k not in FORK_FREE and old.get(k) != v}
+    if refused:
+        raise ConfigError(
+            f"fork={cfg.fork} cannot change {', '.join(sorted(refused))}: the fork starts from the "
+            "source's weights, inside the source's LanceDB database and MLflow store. Start a new "
+            "run for a different model or store.")
+    identity = {"run_id": cfg.run_id, "resume": None, "fork": cfg.fork, "tracking.root_dir": root}
+    return _merge(saved, changes, identity)
