@@ -11,9 +11,12 @@ Stopping: Ctrl-C marks the MLflow run KILLED; SIGTERM (what `kill`, Docker and P
 marks it KILLED and the Prefect flow run CRASHED (Prefect's own SIGTERM handler); either way
 `resume=<run_id>` continues from the newest checkpoint without losing a stored rollout.
 
-The flow only wires library calls (replay_pipeline.trainer.TrainingRun); each phase is a
-Prefect task so that it shows in the UI with its timing, and the append, which talks to
-storage, retries (safely: appends are idempotent).
+The flow only wires library calls (replay_pipeline.trainer.TrainingRun). Each round is one
+Prefect task (`step-N`; in the async loop `learn-N`, plus one long `generator-W` task per
+generator process), and evaluations and checkpoints are tasks of their own, so the UI shows
+every round with its timing; the per-phase timings (generate, score, append, sample, learn)
+are MLflow metrics. One task per round rather than per phase keeps Prefect's own cost, about
+7 ms a task here, out of the round (see the overhead benchmark in the README).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import ExternalSignal
 from prefect.utilities.annotations import quote
 
+from replay_pipeline.async_loop import any_alive, run_worker_process, wait_until_ready
 from replay_pipeline.buffer.lance_table import StoreError
 from replay_pipeline.checkpoints import CheckpointError
 from replay_pipeline.config import CONF_DIR, ConfigError
@@ -49,29 +53,18 @@ def setup_task(cfg) -> TrainingRun:
     return TrainingRun.setup(cfg, log=_say)
 
 
-@task(name="generate", task_run_name="generate-{step}", **_task)
-def generate_task(run: TrainingRun, step: int):
-    return run.generate(step)
-
-
-@task(name="score", task_run_name="score-{step}", **_task)
-def score_task(run: TrainingRun, batch, step: int):
-    return run.score(batch)
-
-
-@task(name="append", task_run_name="append-{step}", retries=2, retry_delay_seconds=1, **_task)
-def append_task(run: TrainingRun, table, step: int) -> dict[str, float]:
-    return run.append(table, step)
-
-
-@task(name="sample", task_run_name="sample-{step}", **_task)
-def sample_task(run: TrainingRun, step: int):
-    return run.sample(step)
+@task(name="step", task_run_name="step-{step}", **_task)
+def step_task(run: TrainingRun, step: int) -> dict[str, float]:
+    """One sync round: generate, score, append, sample, learn (TrainingRun.round)."""
+    return run.round(step)
 
 
 @task(name="learn", task_run_name="learn-{step}", **_task)
-def learn_task(run: TrainingRun, minibatches, step: int) -> dict[str, float]:
-    return run.learn(minibatches, step)
+def learn_round_task(run: TrainingRun, step: int) -> dict[str, float]:
+    """One async learner round: sample from the window, K learner steps, publish."""
+    metrics = {"buffer/compact_seconds": run.compact_if_due(step)}  # the learner compacts for all
+    minibatches, sampled = run.sample(step)
+    return metrics | sampled | run.learn(minibatches, step)
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
@@ -114,6 +107,73 @@ def _due(every: int, done: int, total: int) -> bool:
     return done == total or (every > 0 and done % every == 0)
 
 
+def _end_of_round(run: TrainingRun, step: int, metrics: dict[str, float], progress: Progress) -> None:
+    """Log a round's metrics with the compute ledger (one MLflow call), then evaluate and
+    checkpoint when due (timed as scheduled extras, outside the overhead figure)."""
+    loop = run.cfg.loop
+    run.log(step, metrics | run.compute_metrics())  # before the checkpoint that covers this step
+    done = step + 1
+    extras = time.perf_counter()
+    sampled = _due(loop.passk_every, done, loop.steps)
+    if sampled or _due(loop.eval_every, done, loop.steps):
+        run.log(done, evaluate_task(quote(run), run.policy_version, sampled=sampled))
+    if _due(loop.checkpoint_every, done, loop.steps):
+        checkpoint_task(quote(run), done)
+    run.scheduled_seconds += time.perf_counter() - extras
+    progress.update(step)
+
+
+def _sync_steps(run: TrainingRun, progress: Progress) -> None:
+    run.start_loop()
+    for step in range(run.start_step, run.cfg.loop.steps):
+        # quote(): Prefect would otherwise walk every element of `run` on each task call to
+        # look for upstream futures (measured: 2/3 of a step's wall time).
+        _end_of_round(run, step, step_task(quote(run), step), progress)
+
+
+@task(name="generator", task_run_name="generator-{worker}", **_task)
+def generator_task(run: TrainingRun, cfg_container: dict, worker: int, registry: dict) -> dict[str, float]:
+    """One generator process of the async loop, alive as long as the learner runs."""
+    return run_worker_process(cfg_container, run.run_id, worker, run.control, registry)
+
+
+def _async_rounds(run: TrainingRun, progress: Progress) -> None:
+    """The learner's side of the async loop; the generators run as concurrent Prefect tasks,
+    each supervising one generator process (replay_pipeline/async_loop.py)."""
+    from omegaconf import OmegaConf
+
+    loop = run.cfg.loop
+    container = OmegaConf.to_container(run.cfg, resolve=True)
+    container["run_id"] = run.run_id
+    registry: dict[int, Any] = {}
+    futures = [generator_task.submit(quote(run), quote(container), w, quote(registry))
+               for w in range(loop.workers)]
+    seen = run.control.totals(loop.workers)
+    try:
+        wait_until_ready(run.control, registry, loop.workers)
+        run.start_loop()
+        for step in range(run.start_step, loop.steps):
+            waited = run.wait_for_round(lambda: any_alive(registry, loop.workers))
+            metrics = learn_round_task(quote(run), step)
+            now = run.control.totals(loop.workers)
+            new = now.get("gen_rollouts", 0.0) - seen.get("gen_rollouts", 0.0)
+            metrics |= {"learn/wait_seconds": waited, "generate/rollouts": new,
+                        "generate/batches_total": now.get("batches", 0.0),
+                        "score/reward_mean": (now.get("reward_sum", 0.0) - seen.get("reward_sum", 0.0)) / new
+                        if new else float("nan")}
+            seen = now
+            _end_of_round(run, step, metrics, progress)
+    finally:
+        run.control.stop()
+        for future in futures:
+            future.wait(timeout=120)
+        for proc in registry.values():  # a worker that ignored STOP for 2 minutes
+            if proc.is_alive():
+                proc.kill()
+    for future in futures:
+        future.result()  # a generator that crashed mid-run fails the flow
+
+
 @flow(name="train")
 def train(overrides: list[str] | None = None) -> dict[str, Any]:
     """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`,
@@ -132,24 +192,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any]:
             print(f"run {run.run_id} already has {run.start_step} steps (loop.steps={loop.steps}); "
                   "raise loop.steps to train it further", flush=True)
         progress.start()
-        for step in range(run.start_step, loop.steps):
-            # quote(): Prefect would otherwise walk every element of these objects on each
-            # task call to look for upstream futures (measured: 2/3 of a step's wall time).
-            batch = generate_task(quote(run), step)
-            table, metrics = score_task(quote(run), quote(batch), step)
-            metrics |= append_task(quote(run), quote(table), step)
-            minibatches, buffer_metrics = sample_task(quote(run), step)
-            metrics |= buffer_metrics
-            metrics |= learn_task(quote(run), quote(minibatches), step)
-            run.log(step, metrics)
-            done = step + 1
-            sampled = _due(loop.passk_every, done, loop.steps)
-            if sampled or _due(loop.eval_every, done, loop.steps):
-                run.log(done, evaluate_task(quote(run), run.policy_version, sampled=sampled))
-            if _due(loop.checkpoint_every, done, loop.steps):
-                checkpoint_task(quote(run), done)
-            run.log(step, run.compute_metrics())
-            progress.update(step)
+        (_async_rounds if loop.mode == "async" else _sync_steps)(run, progress)
         status = "FINISHED"
     except (KeyboardInterrupt, ExternalSignal):  # Ctrl-C, or SIGTERM via Prefect's handler
         status = "KILLED"

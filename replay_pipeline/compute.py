@@ -3,7 +3,17 @@
 FLOPs follow the usual dense-transformer estimate (Kaplan et al.): 2 x parameters per
 generated token (forward only) and 6 x parameters per trained token (forward + backward).
 mu, the paper's generation/training cost ratio, is measured as the seconds spent
-generating a batch over the seconds one learner pass over that many rollouts takes.
+generating a batch over the seconds one learner pass over that many rollouts takes
+(`compute/mu`; `compute/mu_flops` is the same ratio from the FLOPs estimate). gamma, the
+paper's compute ratio against an on-policy run, is (1 + W/T) / (1 + mu) where W/T is the
+measured ratio of generation to training seconds (`compute/gen_train_ratio`): below 1 the
+run spent less compute per learner update than the on-policy loop would have.
+
+Phases: generate (tokens, FLOPs, seconds; in the async loop summed over the generator
+workers), train (tokens, FLOPs, seconds), eval (tokens, FLOPs, seconds; not part of
+`compute/total_flops`, which is the paper's trainer + inference compute) and other (seconds: storage,
+tracking and orchestration, i.e. the pipeline's overhead). Every figure is cumulative and
+logged under `compute/` at every step, so any metric can be plotted against compute.
 """
 
 from __future__ import annotations
@@ -16,7 +26,8 @@ class ComputeLedger:
     parameters: int
     totals: dict[str, float] = field(default_factory=lambda: {
         "gen_tokens": 0.0, "gen_seconds": 0.0, "train_tokens": 0.0, "train_seconds": 0.0,
-        "train_rollouts": 0.0, "gen_rollouts": 0.0, "eval_seconds": 0.0, "other_seconds": 0.0,
+        "train_rollouts": 0.0, "gen_rollouts": 0.0, "eval_seconds": 0.0, "eval_tokens": 0.0,
+        "other_seconds": 0.0,
     })
 
     def add(self, **amounts: float) -> None:
@@ -38,6 +49,21 @@ class ComputeLedger:
             return float("nan")
         return (t["gen_seconds"] / t["gen_rollouts"]) / (t["train_seconds"] / t["train_rollouts"])
 
+    def gen_train_ratio(self) -> float:
+        """Generation seconds per training second so far (the effective W/T)."""
+        t = self.totals
+        return t["gen_seconds"] / t["train_seconds"] if t["train_seconds"] else float("nan")
+
+    def mu_flops(self) -> float:
+        t = self.totals
+        if not (t["gen_rollouts"] and t["train_rollouts"] and t["train_tokens"]):
+            return float("nan")
+        return (self.gen_flops() / t["gen_rollouts"]) / (self.train_flops() / t["train_rollouts"])
+
+    def gamma(self) -> float:
+        """(1 + W/T) / (1 + mu): compute per learner update relative to the on-policy loop."""
+        return (1.0 + self.gen_train_ratio()) / (1.0 + self.mu())
+
     def metrics(self) -> dict[str, float]:
         """Cumulative figures, logged under compute/ so any metric can be read against them."""
         t = self.totals
@@ -51,6 +77,13 @@ class ComputeLedger:
             "compute/train_seconds": t["train_seconds"],
             "compute/gen_train_seconds": t["gen_seconds"] + t["train_seconds"],
             "compute/eval_seconds": t["eval_seconds"],
+            "compute/eval_tokens": t["eval_tokens"],
+            "compute/eval_flops": 2.0 * self.parameters * t["eval_tokens"],
             "compute/other_seconds": t["other_seconds"],
             "compute/mu": self.mu(),
+            "compute/mu_flops": self.mu_flops(),
+            "compute/gen_train_ratio": self.gen_train_ratio(),
+            "compute/gamma": self.gamma(),
+            "compute/gen_rollouts": t["gen_rollouts"],
+            "compute/train_rollouts": t["train_rollouts"],
         }

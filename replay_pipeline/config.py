@@ -160,17 +160,32 @@ class AlgoConfig:
 @dataclass
 class LoopConfig:
     mode: str = "sync"
-    """`sync`: generate, score, append, then learn, in turn (deterministic)."""
+    """`sync`: generate, score, append, then learn, in turn (deterministic). `async`
+    (`loop=async`): `workers` generator processes and the learner run at the same time and
+    meet only at the rollout table and the published weights (replay_pipeline/async_loop.py)."""
     steps: int = 500
-    """Generation steps (rounds) of the run (500: about 5 minutes on a 2-core CPU)."""
+    """Generation steps (rounds) of the run (500: about 5 minutes on a 2-core CPU). In the
+    async loop: learner rounds, i.e. published policy versions."""
     prompts_per_step: int = 8
-    """Prompts per generation step."""
+    """Prompts per generation step (async: per generator batch)."""
     group_size: int = 8
     """Completions per prompt (G); advantages are normalised within each group."""
     minibatch_size: int = 64
     """Rollouts per learner step (B)."""
     updates_per_step: int = 2
-    """Learner steps per generation step (K). Replay ratio = K x B / (prompts x G)."""
+    """Learner steps per generation step (K). Replay ratio = K x B / (prompts x G). In the
+    async loop: learner steps per round, after which the weights are published."""
+    workers: int = 1
+    """Async loop: generator processes (W)."""
+    worker_threads: int = 1
+    """Async loop: torch threads of each generator process (keep W x this + the learner's
+    model.torch_threads within the cores)."""
+    replay_cap: Optional[float] = None
+    """Async loop: the learner waits while a round would lift the replay ratio (uses / rows
+    stored) above this; null: no cap."""
+    replay_floor: Optional[float] = None
+    """Async loop: generators wait while the table holds a minibatch and the replay ratio is
+    below this; null: no floor."""
     eval_every: int = 25
     """Held-out evaluation every this many steps (and always before the first and after the
     last); 0 evaluates only before and after."""
@@ -229,7 +244,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 GENERATOR_BACKENDS = ("transformers",)
-LOOP_MODES = ("sync",)
+LOOP_MODES = ("sync", "async")
 
 
 def register_configs() -> None:
@@ -313,6 +328,18 @@ def validate(cfg: DictConfig | Config) -> None:
     need(loop.checkpoint_every >= 0, f"loop.checkpoint_every={loop.checkpoint_every} must be >= 0")
     need(loop.keep_checkpoints >= 1, f"loop.keep_checkpoints={loop.keep_checkpoints} must be >= 1")
     need(loop.mode in LOOP_MODES, f"loop.mode={loop.mode!r} is not one of {list(LOOP_MODES)}")
+    need(loop.workers >= 1, f"loop.workers={loop.workers} must be >= 1")
+    need(loop.worker_threads >= 1, f"loop.worker_threads={loop.worker_threads} must be >= 1")
+    need(loop.replay_cap is None or loop.replay_cap > 0, f"loop.replay_cap={loop.replay_cap} must be > 0, or null")
+    need(loop.replay_floor is None or loop.replay_floor >= 0,
+         f"loop.replay_floor={loop.replay_floor} must be >= 0, or null")
+    if loop.replay_cap is not None and loop.replay_floor is not None:
+        need(loop.replay_floor < loop.replay_cap,
+             f"loop.replay_floor={loop.replay_floor} must be below loop.replay_cap={loop.replay_cap}, "
+             "or the generators and the learner would wait for each other")
+    if loop.mode == "async":
+        need(buf.strategy != "fresh", "loop=async needs a buffer to decouple generators and learner; "
+             "buffer=none (strategy fresh) is the sync on-policy baseline")
 
     need(buf.compact_every >= 0, f"buffer.compact_every={buf.compact_every} must be >= 0 (0: never)")
     need(buf.strategy in SAMPLERS,

@@ -102,6 +102,7 @@ def evaluate_greedy(generator, task, prompts: Sequence[Prompt], seed: int = 0) -
         "eval/mean_length": lengths / n,
         "eval/stop_frac": stops / n,
         "eval/prompts": float(len(prompts)),
+        "eval/greedy_tokens": float(lengths),
         "eval/seconds": time.perf_counter() - start,
     }
 
@@ -135,6 +136,7 @@ def evaluate_sampled(generator, task, prompts: Sequence[Prompt], *, n: int = 16,
     metrics |= {
         "eval/sample_entropy": float(np.mean(neg_logp)) if neg_logp else 0.0,
         "eval/sample_length": float(np.mean(lengths)),
+        "eval/sample_tokens": float(np.sum(lengths)),
         "eval/sample_seconds": time.perf_counter() - start,
     }
     return metrics
@@ -152,6 +154,7 @@ def evaluate_pass1(generator, task, prompts: Sequence[Prompt], *, temperature: f
                                  temperature=temperature, top_p=top_p)
     counts = _correct_counts(task, prompts, samples)
     return {"eval/pass_at_1_t01": float(counts.mean() / n),
+            "eval/pass1_tokens": float(sum(len(s.completion_ids) for group in samples for s in group)),
             "eval/pass1_seconds": time.perf_counter() - start}
 
 

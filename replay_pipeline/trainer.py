@@ -33,6 +33,7 @@ from __future__ import annotations
 import platform
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -65,6 +66,8 @@ from replay_pipeline.scoring import group_advantages, safe_reward, warn_flagged
 from replay_pipeline.tasks import task_from_config
 from replay_pipeline.tasks.base import Prompt
 from replay_pipeline.tracking import MlflowTracker, NullTracker
+from replay_pipeline.async_loop import AsyncDir
+from replay_pipeline.weights import WeightStore
 
 # Columns the learner needs from a stored rollout (a window read never loads the text).
 LEARN_COLUMNS = ["rollout_id", "seq", "policy_version", "step", "prompt_ids", "completion_ids",
@@ -74,9 +77,11 @@ LEARN_COLUMNS = ["rollout_id", "seq", "policy_version", "step", "prompt_ids", "c
 _PROMPTS, _SAMPLER, _GENERATE, _EVAL = 1, 2, 3, 4
 
 
-def step_seed(seed: int, step: int, purpose: int) -> int:
-    """A 63-bit seed for one purpose at one step, independent across (seed, step, purpose)."""
-    return int(np.random.SeedSequence([seed, step, purpose]).generate_state(1, np.uint64)[0] >> 1)
+def step_seed(seed: int, step: int, purpose: int, worker: int | None = None) -> int:
+    """A 63-bit seed for one purpose at one step (of one async generator worker),
+    independent across (seed, step, purpose, worker)."""
+    keys = [seed, step, purpose] if worker is None else [seed, step, purpose, 1 + worker]
+    return int(np.random.SeedSequence(keys).generate_state(1, np.uint64)[0] >> 1)
 
 
 @dataclass
@@ -119,6 +124,17 @@ class TrainingRun:
     """One past the newest ``seq`` the buffer holds as of the current step."""
     lineage: dict[str, Any] = field(default_factory=dict)
     """How this process started: {"mode": "new" | "resume" | "fork", ...}."""
+    weights: WeightStore | None = None
+    """Async loop: where each policy version is published for the generator processes."""
+    control: AsyncDir | None = None
+    """Async loop: the STOP flag and the generator workers' stats."""
+    loop_started: float | None = None
+    """perf_counter() when this process began its first round (set by `start_loop`)."""
+    scheduled_seconds: float = 0.0
+    """Seconds of this process's rounds spent in scheduled extras (evaluation, checkpoints),
+    which the overhead figure leaves out."""
+    wait_seconds: float = 0.0
+    """Async loop: seconds the learner waited for rollouts (or for the replay cap)."""
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -173,9 +189,12 @@ class TrainingRun:
                   heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage)
         if start is not None:
             run._restore(*start)
-        run.stored_through = store.max_step() if mode != "new" else -1
-        run.used_through = usage.max_learner_step() if mode != "new" else -1
-        run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
+        if cfg.loop.mode == "async":
+            run._start_async(mode)
+        else:
+            run.stored_through = store.max_step() if mode != "new" else -1
+            run.used_through = usage.max_learner_step() if mode != "new" else -1
+            run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
         run._write_run_info(mode)
         if mode != "new":
             log(f"{mode} {run_id} at step {run.start_step} (policy version {run.policy_version}); "
@@ -201,6 +220,47 @@ class TrainingRun:
                 self.ledger.totals[key] = float(value)
         self.history = {k: [(int(a), float(b)) for a, b in v] for k, v in state.get("history", {}).items()}
         self.start_step = int(state["step"])
+
+    def _start_async(self, mode: str) -> None:
+        """Publish the starting weights for the generator processes and clear the STOP flag.
+        On resume, the usage records of learner steps the checkpoint does not contain are
+        deleted (they describe updates lost with the stopped learner; the async loop is not
+        replayed step by step), while every stored rollout stays buffer data."""
+        self.weights = WeightStore(self.paths.run_dir / "weights")
+        self.weights.publish_base(self.learner.model, self.tokenizer)
+        self.weights.publish(self.learner.state_dict(), self.policy_version)
+        self.control = AsyncDir.of(self.paths.run_dir)
+        self.control.reset()
+        if mode == "resume":
+            self.usage.table.delete(f"learner_step >= {int(self.learner.steps)}")
+        self.window_end = self.store.count()
+
+    def wait_for_round(self, alive: Callable[[], bool], timeout: float = 600.0) -> float:
+        """Async loop: block until the table holds a minibatch and a round of K learner steps
+        stays within loop.replay_cap; returns the seconds waited. Raises if the generators
+        have all stopped, or if no rollout arrives for `timeout` seconds."""
+        loop = self.cfg.loop
+        need = loop.updates_per_step * loop.minibatch_size
+        start = last_change = time.perf_counter()
+        last_rows = -1
+        while True:
+            rows = self.store.count()
+            if rows >= loop.minibatch_size and (
+                    loop.replay_cap is None or (self.usage.count() + need) / rows <= loop.replay_cap):
+                break
+            now = time.perf_counter()
+            if rows != last_rows:
+                last_rows, last_change = rows, now
+            if not alive():
+                raise RuntimeError(f"every generator worker of {self.run_id} has stopped; their output is "
+                                   f"above, their stats in {self.control.path if self.control else '?'}")
+            if now - last_change > timeout:
+                raise RuntimeError(f"no new rollout for {timeout:.0f} s; the generators are stuck")
+            time.sleep(0.01)
+        self.window_end = rows
+        waited = time.perf_counter() - start
+        self.wait_seconds += waited
+        return waited
 
     def note_flow_run(self, flow_run_id: str) -> list[str]:
         """Add an orchestrator (Prefect) flow run id to run.json; returns the ones before it."""
@@ -247,19 +307,12 @@ class TrainingRun:
     # ------------------------------------------------------------------ phases
     def generate(self, step: int) -> GeneratedBatch:
         """Sample G completions for each of this step's prompts with the published policy."""
-        loop = self.cfg.loop
-        rng = np.random.default_rng(step_seed(self.cfg.seed, step, _PROMPTS))
-        prompts = list(self.task.train_prompts(loop.prompts_per_step, rng))
-        seed = step_seed(self.cfg.seed, step, _GENERATE)
         if step <= self.stored_through:
+            prompts, seed = step_prompts(self.task, self.cfg, step)
             stored = self._stored_batch(step, seed, prompts)
             if stored is not None:
                 return stored
-        start = time.perf_counter()
-        samples = self.generator.generate([p.text for p in prompts], n=loop.group_size, seed=seed)
-        faults.crash_point("generate", step)
-        seconds = time.perf_counter() - start
-        return GeneratedBatch(step, self.generator.policy_version, seed, prompts, samples, seconds)
+        return generate_batch(self.task, self.generator, self.cfg, step)
 
     def _stored_batch(self, step: int, seed: int, prompts: list[Prompt]) -> GeneratedBatch | None:
         """This step's rollouts as stored by a process that stopped after its last checkpoint
@@ -297,82 +350,55 @@ class TrainingRun:
         A reward that raises or is not finite scores 0.0 and is flagged (scoring.safe_reward):
         the reason goes to the row's `reward_error` (null otherwise), the count to
         `score/flagged`, and one warning per step to the `replay_pipeline.scoring` logger."""
-        start = time.perf_counter()
-        rewards, errors = [], []
-        for prompt, group in zip(batch.prompts, batch.samples):
-            for s in group:
-                value, error = safe_reward(lambda: self.task.reward(prompt, s.text, s.finish_reason))
-                rewards.append(value)
-                errors.append(error)
-        flagged = warn_flagged(batch.step, errors)
-        g = self.cfg.loop.group_size
-        advantages = group_advantages(rewards, g)
-        group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
-        created = datetime.now(timezone.utc)
-        rows = []
-        i = 0
-        for gi, (prompt, group) in enumerate(zip(batch.prompts, batch.samples)):
-            group_id = f"{self.run_id}/s{batch.step:06d}/g{gi:04d}"
-            for si, s in enumerate(group):
-                rows.append({
-                    "rollout_id": make_rollout_id(self.run_id, batch.step, gi, si),
-                    "run_id": self.run_id, "policy_version": batch.policy_version,
-                    "step": batch.step, "prompt_id": prompt.prompt_id, "group_id": group_id,
-                    "sample_index": si, "prompt": prompt.text, "completion": s.text,
-                    "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
-                    "behaviour_logprobs": s.logprobs, "reward": rewards[i],
-                    "reward_error": errors[i], "correct": rewards[i] > 0, "advantage": float(advantages[i]),
-                    "group_reward_mean": float(group_means[gi]),
-                    "finish_reason": s.finish_reason, "num_tokens": len(s.completion_ids),
-                    "seed": batch.seed, "created_at": created,
-                })
-                i += 1
-        table = rows_to_table(rows)
-        r = np.asarray(rewards, dtype=np.float64)
-        groups = r.reshape(-1, g)
-        lengths = np.asarray([len(s.completion_ids) for grp in batch.samples for s in grp])
-        metrics = {
-            "score/reward_mean": float(r.mean()),
-            "score/reward_std": float(r.std()),
-            "score/accuracy": float((r > 0).mean()),
-            "score/zero_signal_group_frac": float((groups.std(axis=1) == 0).mean()),
-            "score/flagged": float(flagged),
-            "score/seconds": time.perf_counter() - start,
-            "generate/seconds": batch.seconds,
-            "generate/rollouts": float(len(r)),
-            "generate/tokens": float(lengths.sum()),
-            "generate/mean_length": float(lengths.mean()),
-            "generate/stop_frac": float(np.mean([s.finish_reason == "stop"
-                                                 for grp in batch.samples for s in grp])),
-            "generate/tokens_per_second": float(lengths.sum() / max(batch.seconds, 1e-9)),
-            "generate/policy_version": float(batch.policy_version),
-            "generate/reused_from_store": float(batch.reused),
-        }
+        table, metrics = score_batch(self.task, batch, self.run_id, self.cfg.loop.group_size)
+        tokens = float(metrics["generate/tokens"])
         if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
-            self.ledger.add(gen_tokens=lengths.sum())
+            self.ledger.add(gen_tokens=tokens)
         else:
-            self.ledger.add(gen_tokens=lengths.sum(), gen_seconds=batch.seconds, gen_rollouts=len(r))
+            # The verifier's time counts as generation, as in the paper's cost model.
+            self.ledger.add(gen_tokens=tokens, gen_seconds=batch.seconds + metrics["score/seconds"],
+                            gen_rollouts=table.num_rows)
         return table, metrics
 
     def append(self, table: pa.Table, step: int) -> dict[str, float]:
         """Persist the scored rollouts (idempotent: a retried append adds nothing), and
         compact the table every buffer.compact_every steps."""
         start = time.perf_counter()
-        inserted = self.store.append(table)
+        inserted = _retry(lambda attempt: self.store.append(table, known_new=attempt == 0 and step > self.stored_through))
         # The buffer as of this step: everything, unless rows of later steps are stored already.
         self.window_end = self.store.seq_end(step) if step < self.stored_through else self.store.count()
         seconds = time.perf_counter() - start
         faults.crash_point("after_append", step)
-        every = self.cfg.buffer.compact_every
-        compact_seconds = 0.0
-        if every and (step + 1) % every == 0:
-            t0 = time.perf_counter()
-            self.store.compact()
-            self.usage.compact()
-            compact_seconds = time.perf_counter() - t0
-        self.ledger.add(other_seconds=seconds + compact_seconds)
+        compact_seconds = self.compact_if_due(step)
+        self.ledger.add(other_seconds=seconds)
         return {"buffer/appended": float(inserted), "buffer/total_rows": float(self.window_end),
                 "buffer/append_seconds": seconds, "buffer/compact_seconds": compact_seconds}
+
+    def compact_if_due(self, step: int) -> float:
+        """Compact both tables every buffer.compact_every rounds (async loop: every
+        buffer.compact_every appends, as every generator batch is one); returns the seconds."""
+        every = self.cfg.buffer.compact_every
+        if not every:
+            return 0.0
+        if self.control is not None:
+            if self.store.version - getattr(self, "_compacted_at", 0) < every:
+                return 0.0
+        elif (step + 1) % every:
+            return 0.0
+        start = time.perf_counter()
+        self.store.compact()
+        self.usage.compact()
+        self._compacted_at = self.store.version
+        seconds = time.perf_counter() - start
+        self.ledger.add(other_seconds=seconds)
+        return seconds
+
+    def round(self, step: int) -> dict[str, float]:
+        """One sync round: generate, score, append, sample and learn."""
+        table, metrics = self.score(self.generate(step))
+        metrics |= self.append(table, step)
+        minibatches, sampled = self.sample(step)
+        return metrics | sampled | self.learn(minibatches, step)
 
     def sample(self, step: int) -> tuple[list[dict[str, list]], dict[str, float]]:
         """Read the window's light columns and the usage counts, let the strategy choose,
@@ -387,7 +413,11 @@ class TrainingRun:
             meta = self.store.window_meta(size, end=self.window_end)
         seqs = meta.column("seq").to_numpy()
         before = self._usage_bound(self.learner.steps)
-        counts = self.usage.reuse_counts(int(seqs.min()), int(seqs.max()), before=before) if len(seqs) else {}
+        # One read of the window's usage records gives the sampler its reuse counts and the
+        # learner's metrics their last uses (usage_metrics), both as of this learner step.
+        counts, last = self.usage.uses(int(seqs.min()), int(seqs.max()), before=before) if len(seqs) else ({}, {})
+        total = self.usage.count() if before is None else self.usage.count_before(before)
+        self._window_usage = (self.learner.steps, counts, last, total)
         info = WindowInfo(
             policy_version=meta.column("policy_version").to_numpy(), seq=seqs,
             correct=meta.column("correct").to_numpy(zero_copy_only=False),
@@ -429,7 +459,10 @@ class TrainingRun:
         metrics = self.usage_metrics(used) if used else {}
         publish_start = time.perf_counter()
         self.policy_version += 1
-        self.generator.load_weights(self.learner.state_dict(), self.policy_version)
+        weights = self.learner.state_dict()
+        self.generator.load_weights(weights, self.policy_version)
+        if self.weights is not None:  # async: to the generator processes (written off-thread)
+            self.weights.publish_in_background(weights, self.policy_version)
         publish_seconds = time.perf_counter() - publish_start
         if per_step:
             metrics |= {f"learn/{k}": float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
@@ -450,12 +483,21 @@ class TrainingRun:
 
     def usage_metrics(self, used: list[dict[str, Any]]) -> dict[str, float]:
         """Record this round's uses, then derive reuse, staleness and steps-since-last-use
-        from the usage table (durable records, not counters kept in memory)."""
+        from the usage table (durable records, not counters kept in memory): the records
+        before this round, read once by sample() (or here), plus this round's own."""
         seqs = sorted({u["rollout_seq"] for u in used})
         first = min(u["learner_step"] for u in used)
-        end = max(u["learner_step"] for u in used) + 1
-        previous = self.usage.last_use(seqs, before=self._usage_bound(first))  # before this round's records
-        self.usage.record(used)  # idempotent: a replayed round's records are already stored
+        cached = getattr(self, "_window_usage", None)
+        if cached is not None and cached[0] == first:  # read by sample() for this learner step
+            _, counts, previous, total = cached
+            previous = {q: previous[q] for q in seqs if q in previous}
+        else:
+            before = self._usage_bound(first)
+            counts, previous = self.usage.uses(seqs[0], seqs[-1], before=before)
+            total = self.usage.count() if before is None else self.usage.count_before(before)
+        self._window_usage = None
+        # Idempotent: a replayed round's records are already stored (then the lookup runs).
+        _retry(lambda attempt: self.usage.record(used, known_new=attempt == 0 and first > self.used_through))
         since, last = [], dict(previous)
         for u in used:  # rows are in learner-step order
             q = u["rollout_seq"]
@@ -463,9 +505,9 @@ class TrainingRun:
                 since.append(u["learner_step"] - last[q])
             last[q] = u["learner_step"]
         staleness = np.asarray([u["staleness"] for u in used], dtype=np.float64)
-        counts = self.usage.reuse_counts(seqs[0], seqs[-1], before=self._usage_bound(end))
-        uses_of_used = np.asarray([counts.get(q, 0) for q in seqs], dtype=np.float64)
-        total_uses = self.usage.count() if self._usage_bound(end) is None else self.usage.count_before(end)
+        this_round = Counter(u["rollout_seq"] for u in used)
+        uses_of_used = np.asarray([counts.get(q, 0) + this_round[q] for q in seqs], dtype=np.float64)
+        total_uses = total + len(used)
         return {
             "buffer/staleness_mean": float(staleness.mean()),
             "buffer/staleness_max": float(staleness.max()),
@@ -494,7 +536,8 @@ class TrainingRun:
             metrics |= evaluate_pass1(self.generator, self.task, self.heldout, seed=seed)
             metrics |= evaluate_sampled(self.generator, self.task, self.heldout, n=n,
                                         ks=default_ks(n), seed=seed)
-        self.ledger.add(eval_seconds=time.perf_counter() - start)
+        tokens = sum(metrics.get(k, 0.0) for k in ("eval/greedy_tokens", "eval/sample_tokens", "eval/pass1_tokens"))
+        self.ledger.add(eval_seconds=time.perf_counter() - start, eval_tokens=tokens)
         metrics["eval/policy_version"] = float(self.policy_version)
         return metrics
 
@@ -531,6 +574,9 @@ class TrainingRun:
             "history": {k: v for k, v in self.history.items() if k.startswith("eval/")},
             "lineage": self.lineage,
         }
+        self.tracker.flush()  # the metrics of the steps this checkpoint covers are stored first
+        if self.weights is not None:
+            self.weights.flush()
         path = save_checkpoint(self.paths.checkpoints, step, self.learner.model, self.tokenizer,
                                self.learner.optimizer, state, keep=self.cfg.loop.keep_checkpoints,
                                before_rename=lambda tmp: faults.crash_point("checkpoint_write", step))
@@ -547,7 +593,41 @@ class TrainingRun:
             self.history.setdefault(k, []).append((step, float(v)))
 
     def compute_metrics(self) -> dict[str, float]:
-        return {**self.ledger.metrics(), "compute/wall_seconds": time.perf_counter() - self.started}
+        if self.control is not None:  # async: generation happens in the worker processes
+            workers = self.control.totals(self.cfg.loop.workers)
+            for key in ("gen_tokens", "gen_seconds", "gen_rollouts"):
+                self.ledger.totals[key] = workers.get(key, 0.0)
+        return {**self.ledger.metrics(), **self.overhead_metrics(),
+                "compute/wall_seconds": time.perf_counter() - self.started}
+
+    def start_loop(self) -> None:
+        self.loop_started = time.perf_counter()
+        self._loop_base = dict(self.ledger.totals)
+
+    def overhead_metrics(self) -> dict[str, float]:
+        """The pipeline's own cost (orchestration, storage, tracking) in this process's rounds.
+
+        Sync: round seconds minus generation and training. Async learner: round seconds
+        minus training and waiting for rollouts; each generator's own share is
+        other / (generation + other) from its stats. Evaluations and checkpoints are
+        scheduled extras, left out of the round seconds."""
+        if self.loop_started is None:
+            return {}
+        t, base = self.ledger.totals, self._loop_base
+        rounds = time.perf_counter() - self.loop_started - self.scheduled_seconds
+        useful = t["train_seconds"] - base["train_seconds"]
+        if self.control is None:
+            useful += t["gen_seconds"] - base["gen_seconds"]
+        else:
+            rounds -= self.wait_seconds
+        overhead = max(rounds - useful, 0.0)
+        out = {"compute/round_seconds": rounds, "compute/overhead_seconds": overhead,
+               "compute/overhead_frac": overhead / rounds if rounds > 0 else float("nan")}
+        if self.control is not None:
+            w = self.control.totals(self.cfg.loop.workers)
+            busy = w.get("gen_seconds", 0.0) + w.get("other_seconds", 0.0)
+            out["compute/generator_overhead_frac"] = w.get("other_seconds", 0.0) / busy if busy else float("nan")
+        return out
 
     def last(self, key: str, default: float = float("nan")) -> float:
         values = self.history.get(key)
@@ -565,7 +645,83 @@ class TrainingRun:
             self.tracker.log_artifacts(done[-1] / "model", "model")
 
     def finish(self, status: str = "FINISHED") -> None:
+        if self.weights is not None:
+            self.weights.flush()
         self.tracker.finish(status)
+
+
+def step_prompts(task, cfg: DictConfig, step: int, worker: int | None = None) -> tuple[list[Prompt], int]:
+    """This step's prompts and generation seed (a pure function of seed, step and worker)."""
+    rng = np.random.default_rng(step_seed(cfg.seed, step, _PROMPTS, worker))
+    prompts = list(task.train_prompts(cfg.loop.prompts_per_step, rng))
+    return prompts, step_seed(cfg.seed, step, _GENERATE, worker)
+
+
+def generate_batch(task, generator, cfg: DictConfig, step: int, worker: int | None = None) -> GeneratedBatch:
+    """Sample G completions for each of this step's prompts with the generator's policy."""
+    prompts, seed = step_prompts(task, cfg, step, worker)
+    start = time.perf_counter()
+    samples = generator.generate([p.text for p in prompts], n=cfg.loop.group_size, seed=seed)
+    faults.crash_point("generate", step)
+    seconds = time.perf_counter() - start
+    return GeneratedBatch(step, generator.policy_version, seed, prompts, samples, seconds)
+
+
+def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
+                worker: int | None = None) -> tuple[pa.Table, dict[str, float]]:
+    """Reward every completion with the task's verifier, freeze group advantages, and lay the
+    rollouts out as rows of the rollout table (see TrainingRun.score)."""
+    start = time.perf_counter()
+    rewards, errors = [], []
+    for prompt, group in zip(batch.prompts, batch.samples):
+        for s in group:
+            value, error = safe_reward(lambda: task.reward(prompt, s.text, s.finish_reason))
+            rewards.append(value)
+            errors.append(error)
+    flagged = warn_flagged(batch.step, errors)
+    advantages = group_advantages(rewards, g)
+    group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
+    created = datetime.now(timezone.utc)
+    rows = []
+    i = 0
+    for gi, (prompt, group) in enumerate(zip(batch.prompts, batch.samples)):
+        group_id = make_rollout_id(run_id, batch.step, gi, 0, worker).rsplit("/", 1)[0]
+        for si, s in enumerate(group):
+            rows.append({
+                "rollout_id": make_rollout_id(run_id, batch.step, gi, si, worker), "worker": worker,
+                "run_id": run_id, "policy_version": batch.policy_version,
+                "step": batch.step, "prompt_id": prompt.prompt_id, "group_id": group_id,
+                "sample_index": si, "prompt": prompt.text, "completion": s.text,
+                "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
+                "behaviour_logprobs": s.logprobs, "reward": rewards[i],
+                "reward_error": errors[i], "correct": rewards[i] > 0, "advantage": float(advantages[i]),
+                "group_reward_mean": float(group_means[gi]),
+                "finish_reason": s.finish_reason, "num_tokens": len(s.completion_ids),
+                "seed": batch.seed, "created_at": created,
+            })
+            i += 1
+    table = rows_to_table(rows)
+    r = np.asarray(rewards, dtype=np.float64)
+    groups = r.reshape(-1, g)
+    lengths = np.asarray([len(s.completion_ids) for grp in batch.samples for s in grp])
+    metrics = {
+        "score/reward_mean": float(r.mean()),
+        "score/reward_std": float(r.std()),
+        "score/accuracy": float((r > 0).mean()),
+        "score/zero_signal_group_frac": float((groups.std(axis=1) == 0).mean()),
+        "score/flagged": float(flagged),
+        "score/seconds": time.perf_counter() - start,
+        "generate/seconds": batch.seconds,
+        "generate/rollouts": float(len(r)),
+        "generate/tokens": float(lengths.sum()),
+        "generate/mean_length": float(lengths.mean()),
+        "generate/stop_frac": float(np.mean([s.finish_reason == "stop"
+                                             for grp in batch.samples for s in grp])),
+        "generate/tokens_per_second": float(lengths.sum() / max(batch.seconds, 1e-9)),
+        "generate/policy_version": float(batch.policy_version),
+        "generate/reused_from_store": float(batch.reused),
+    }
+    return table, metrics
 
 
 def _start_point(cfg: DictConfig, mode: str, paths: RunPaths, log: Callable[[str], Any]
@@ -658,6 +814,19 @@ def _tracker(cfg: DictConfig, mode: str, paths: RunPaths, store: RolloutStore, u
     return MlflowTracker(uri=mlflow_uri, experiment=cfg.tracking.experiment,
                          artifact_location=cfg.tracking.artifact_location or paths.artifact_location,
                          run_name=paths.run_id, tags=tags)
+
+
+def _retry(fn: Callable[[int], Any], attempts: int = 3, delay: float = 1.0) -> Any:
+    """fn(attempt) until it returns, for storage calls that may fail transiently (safe for
+    idempotent writes: a retry after a commit whose outcome was lost inserts nothing)."""
+    for attempt in range(attempts):
+        try:
+            return fn(attempt)
+        except (OSError, RuntimeError) as exc:
+            if attempt == attempts - 1:
+                raise
+            warnings.warn(f"retrying after a storage error: {exc}")
+            time.sleep(delay)
 
 
 def sampling_rules(buffer_cfg) -> SamplingRules:

@@ -80,6 +80,7 @@ class SyntheticRollouts:
             "run_id": pa.array([RUN] * n),
             "policy_version": pa.array(np.full(n, step, np.int64)),
             "step": pa.array(np.full(n, step, np.int64)),
+            "worker": pa.nulls(n, pa.int32()),
             "prompt_id": pa.array([f"p{step * 997 + g}" for g in group]),
             "group_id": pa.array([group_ids[g] for g in group]),
             "sample_index": pa.array(sample.astype(np.int32)),

@@ -348,13 +348,14 @@ class LanceTable:
         """Fill in the ``ASSIGNED`` columns of the rows about to be inserted (none by default)."""
         return data
 
-    def _append(self, data: Any) -> int:
-        """Validate, drop the rows whose id is stored, assign, append; returns rows inserted."""
+    def _append(self, data: Any, known_new: bool = False) -> int:
+        """Validate, drop the rows whose id is stored (unless the caller knows none is),
+        assign, append; returns rows inserted."""
         data = self._to_input_table(data)
         if data.num_rows == 0:
             return 0
         self._check_batch(data)
-        stored = self._stored_ids(data.column(self.ID_COLUMN))
+        stored = [] if known_new else self._stored_ids(data.column(self.ID_COLUMN))
         if len(stored):
             data = data.filter(pc.invert(pc.is_in(data.column(self.ID_COLUMN), value_set=stored)))
             if data.num_rows == 0:

@@ -11,12 +11,16 @@ FIFO window is defined over.
 ``rollout_id`` is deterministic (:func:`make_rollout_id`), which is what makes appends
 idempotent: retrying a write whose outcome is unknown matches the stored ids and inserts nothing.
 
+``worker`` (nullable int32, right after ``step``) is the generator worker of the async loop
+(``loop=async``) that produced the row, and null in the sync loop; ``step`` is then that worker's
+own batch counter.
+
 ``reward_error`` (nullable string, right after ``reward``) is null for a rollout whose verifier
 returned a finite number, and otherwise says why it was flagged: ``"reward raised ValueError:
 boom"``, ``"reward was nan"``, ``"reward was inf"`` (see :func:`replay_pipeline.scoring.safe_reward`).
-A flagged rollout is stored like any other with ``reward`` 0.0 and ``correct`` False. It is the
-one column a row dict may leave out (:data:`OPTIONAL_INPUT_COLUMNS`): :func:`rows_to_table`
-fills a missing ``reward_error`` with null, so row builders written before the column existed
+A flagged rollout is stored like any other with ``reward`` 0.0 and ``correct`` False. It is, with
+``worker``, a column a row dict may leave out (:data:`OPTIONAL_INPUT_COLUMNS`): :func:`rows_to_table`
+fills a missing one with null, so row builders written before the column existed
 keep working. A pyarrow *table* must still carry every column (the store checks it).
 
 Tables created before ``reward_error`` existed do not match this schema;
@@ -48,6 +52,7 @@ ROLLOUT_SCHEMA: pa.Schema = pa.schema(
         pa.field("run_id", pa.string()),
         pa.field("policy_version", pa.int64()),
         pa.field("step", pa.int64()),
+        pa.field("worker", pa.int32(), nullable=True),
         pa.field("prompt_id", pa.string()),
         pa.field("group_id", pa.string()),
         pa.field("sample_index", pa.int32()),
@@ -72,15 +77,17 @@ ROLLOUT_SCHEMA: pa.Schema = pa.schema(
 INPUT_COLUMNS: tuple[str, ...] = tuple(n for n in ROLLOUT_SCHEMA.names if n != "seq")
 
 #: Input columns a row dict may leave out; :func:`rows_to_table` stores them as null.
-OPTIONAL_INPUT_COLUMNS: tuple[str, ...] = ("reward_error",)
+OPTIONAL_INPUT_COLUMNS: tuple[str, ...] = ("reward_error", "worker")
 
 
 class SchemaMismatch(ValueError):
     """Rows or a table do not match their schema. The message names the columns."""
 
 
-def make_rollout_id(run_id: str, step: int, group_index: int, sample_index: int) -> str:
-    """The deterministic id of one rollout: ``{run_id}/s{step:06d}/g{group:04d}/i{sample:03d}``.
+def make_rollout_id(run_id: str, step: int, group_index: int, sample_index: int, worker: int | None = None) -> str:
+    """The deterministic id of one rollout: ``{run_id}/s{step:06d}/g{group:04d}/i{sample:03d}``,
+    or ``{run_id}/w{worker:02d}/s{step:06d}/...`` for generator worker ``worker`` of the async
+    loop (``step`` is then that worker's own batch counter).
 
     The same (run, generation step, group, sample) always yields the same id, so a retried
     write matches the rows it already stored. Zero padding keeps ids sortable as strings.
@@ -88,7 +95,8 @@ def make_rollout_id(run_id: str, step: int, group_index: int, sample_index: int)
     for name, value in (("step", step), ("group_index", group_index), ("sample_index", sample_index)):
         if int(value) != value or value < 0:
             raise ValueError(f"make_rollout_id: {name} must be a non-negative integer, got {value!r}")
-    return f"{run_id}/s{int(step):06d}/g{int(group_index):04d}/i{int(sample_index):03d}"
+    prefix = run_id if worker is None else f"{run_id}/w{int(worker):02d}"
+    return f"{prefix}/s{int(step):06d}/g{int(group_index):04d}/i{int(sample_index):03d}"
 
 
 def schema_mismatches(

@@ -76,7 +76,8 @@ class RolloutStore(LanceTable):
     ASSIGNED = ("seq",)
 
     # ------------------------------------------------------------------ writing
-    def append(self, table_or_rows: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> int:
+    def append(self, table_or_rows: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
+               known_new: bool = False) -> int:
         """Append rollouts; returns the number of rows actually inserted.
 
         ``table_or_rows`` is a pyarrow Table in :data:`ROLLOUT_SCHEMA` without ``seq`` (or with
@@ -88,8 +89,11 @@ class RolloutStore(LanceTable):
         committed batch inserts 0 rows and makes no commit. New rows get
         ``seq = count() + i`` in batch order. A batch that fails validation raises
         :class:`StoreError` naming the offending columns, and nothing is written.
+
+        ``known_new=True`` skips the idempotency lookup: only for a first attempt whose ids the
+        caller knows are not stored (the sync loop's fresh steps); a retry must leave it False.
         """
-        return self._append(table_or_rows)
+        return self._append(table_or_rows, known_new=known_new)
 
     def _assign(self, data: pa.Table) -> pa.Table:
         start = self.count()
@@ -213,9 +217,11 @@ class RolloutStore(LanceTable):
         """Rows generated at generation step ``step``, sorted by ``seq``."""
         return self._ordered(f"step = {int(step)}", columns)
 
-    def max_step(self) -> int:
-        """The newest generation step stored (-1 for an empty table)."""
-        steps = self._query(None, ["step"]).column("step")
+    def max_step(self, worker: int | None = None) -> int:
+        """The newest generation step stored (-1 for an empty table); with ``worker``, the
+        newest batch of that async generator worker."""
+        where = None if worker is None else f"worker = {int(worker)}"
+        steps = self._query(where, ["step"]).column("step")
         return int(pc.max(steps).as_py()) if len(steps) else -1
 
     def seq_end(self, step: int) -> int:

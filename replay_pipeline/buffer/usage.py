@@ -75,16 +75,18 @@ class UsageStore(LanceTable):
     ORDER = ("learner_step", "position")
     INDEXED = ("usage_id", "rollout_seq", "learner_step")
 
-    def record(self, table_or_rows: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> int:
+    def record(self, table_or_rows: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
+               known_new: bool = False) -> int:
         """Store usage records; returns the number of rows actually inserted.
 
         ``table_or_rows`` is a pyarrow Table in :data:`USAGE_SCHEMA` or a list of row dicts
         with exactly its keys. Idempotent on ``usage_id``: retrying a committed batch adds
         nothing and makes no commit. Rows must belong to this run, have unique ids and a
         ``staleness`` equal to ``policy_version - rollout_policy_version``; otherwise
-        :class:`StoreError` is raised and nothing is written.
+        :class:`StoreError` is raised and nothing is written. ``known_new`` as in
+        :meth:`RolloutStore.append`.
         """
-        return self._append(table_or_rows)
+        return self._append(table_or_rows, known_new=known_new)
 
     def _check_batch(self, data: pa.Table) -> None:
         super()._check_batch(data)
@@ -107,6 +109,16 @@ class UsageStore(LanceTable):
         used = self._query(where + _before(before), ["rollout_seq"])
         counts = used.group_by("rollout_seq").aggregate([("rollout_seq", "count")])
         return dict(zip(counts.column("rollout_seq").to_pylist(), counts.column("rollout_seq_count").to_pylist()))
+
+    def uses(self, seq_min: int, seq_max: int, before: int | None = None) -> tuple[dict[int, int], dict[int, int]]:
+        """``(reuse counts, last use)`` of the rollouts with ``seq_min <= seq <= seq_max`` in one
+        pushed-down read: what :meth:`reuse_counts` and :meth:`last_use` give separately."""
+        where = f"rollout_seq >= {int(seq_min)} AND rollout_seq <= {int(seq_max)}" + _before(before)
+        used = self._query(where, ["rollout_seq", "learner_step"])
+        agg = used.group_by("rollout_seq").aggregate([("learner_step", "count"), ("learner_step", "max")])
+        seqs = agg.column("rollout_seq").to_pylist()
+        return (dict(zip(seqs, agg.column("learner_step_count").to_pylist())),
+                dict(zip(seqs, agg.column("learner_step_max").to_pylist())))
 
     def last_use(self, rollout_seqs: Sequence[int] | np.ndarray, before: int | None = None) -> dict[int, int]:
         """``rollout_seq -> newest learner_step that used it``, for those of ``rollout_seqs``

@@ -1,0 +1,84 @@
+"""How much of a round the pipeline itself costs: orchestration (Prefect tasks), storage
+(LanceDB appends, window reads, usage records), tracking (MLflow) and weight publication,
+as a fraction of the round, for the sync and the async loop.
+
+    python -m replay_pipeline.benchmarks.overhead                    # both loops, 60 rounds each
+    python -m replay_pipeline.benchmarks.overhead --loops sync --steps 100 --root /tmp/bench
+
+It runs the real flow (`flows.train.train`, Prefect's ephemeral server, MLflow on SQLite,
+LanceDB on disk) on the default model and task, with evaluations and checkpoints only at
+the ends (they are scheduled extras, not per-round work), then reads the run's ledger back
+from MLflow:
+
+* sync: overhead = round seconds - generation - training (`compute/overhead_frac`);
+* async: the learner's overhead = round seconds - training - waiting for rollouts, and each
+  generator's = (batch seconds - generation) / batch seconds (`compute/generator_overhead_frac`).
+
+The target is at most 5%. Measure on a quiet machine: any other CPU-heavy process slows the
+torch phases and the figures with them. The warm start is cached under `<root>/cache`, so
+only the first invocation pays for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+PHASES = ("buffer/append_seconds", "buffer/sample_seconds", "buffer/record_seconds", "learn/publish_seconds",
+          "learn/wait_seconds", "generate/seconds", "learn/seconds")
+
+
+def run_loop(mode: str, steps: int, root: str, extra: list[str]) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import train
+
+    overrides = [f"tracking.root_dir={root}", f"loop.steps={steps}", "loop.eval_every=0", "loop.passk_every=0",
+                 "loop.checkpoint_every=0", "tracking.progress=false", "tracking.experiment=overhead-benchmark"]
+    if mode == "async":
+        overrides += ["loop=async", "model.torch_threads=1"]
+    summary = train(overrides + extra)
+    client = MlflowClient(tracking_uri=summary["mlflow_uri"])
+    metrics = client.get_run(summary["mlflow_run_id"]).data.metrics
+    means = {}
+    for key in PHASES:
+        history = client.get_metric_history(summary["mlflow_run_id"], key)
+        if history:
+            means[key] = sum(m.value for m in history) / len(history)
+    return {"mode": mode, "steps": steps, "run_id": summary["run_id"], "final": metrics, "means": means}
+
+
+def report(result: dict[str, Any]) -> str:
+    m, means = result["final"], result["means"]
+    rounds = m.get("compute/round_seconds", float("nan"))
+    per_round = rounds / result["steps"]
+    lines = [f"{result['mode']} loop, {result['steps']} rounds (run {result['run_id']}):",
+             f"  round            {per_round * 1000:8.1f} ms",
+             f"  overhead         {m.get('compute/overhead_seconds', float('nan')) / result['steps'] * 1000:8.1f} ms"
+             f"  = {100 * m.get('compute/overhead_frac', float('nan')):.1f}% of a round"
+             + ("" if result["mode"] == "sync" else " (learner, after waiting is removed)")]
+    if "compute/generator_overhead_frac" in m:
+        lines.append(f"  generators       {100 * m['compute/generator_overhead_frac']:.1f}% of their time outside generation")
+    for key, value in means.items():
+        lines.append(f"  {key:<24} {value * 1000:8.1f} ms / round")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loops", nargs="+", default=["sync", "async"], choices=["sync", "async"])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--root", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"))
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for both loops")
+    args = parser.parse_args(argv)
+    results = [run_loop(mode, args.steps, args.root, args.overrides) for mode in args.loops]
+    print()
+    for r in results:
+        print(report(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

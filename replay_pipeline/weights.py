@@ -1,0 +1,117 @@
+"""Published policy weights: how the learner hands a new policy version to generator processes.
+
+    <run_dir>/weights/base/       a Hugging Face directory (config + tokenizer + version-0
+                                  weights): what a generator process builds its model from
+    <run_dir>/weights/v-000012/   weights.pt: the full state dict of policy version 12
+    <run_dir>/weights/LATEST      "12": the newest complete version
+
+Each version is written into a temporary directory and renamed into place, and only then is
+LATEST replaced (write a temporary file, rename it), so a reader that follows LATEST always
+finds a complete version: publication is atomic. Readers never lock anything. The newest
+`keep` versions stay on disk; a reader that loses a race with pruning (it read LATEST, the
+version was pruned before it opened the files) simply asks again (`load_latest` retries).
+
+`publish_in_background` hands the (already copied) state dict to one writer thread, so the
+learner's next round does not wait for the disk (about 90 ms for a 14M-parameter model
+here); versions still appear in order, each atomically, and `flush()` waits for them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+LATEST = "LATEST"
+
+
+def _name(version: int) -> str:
+    return f"v-{version:06d}"
+
+
+class WeightStore:
+    def __init__(self, directory: str | Path, keep: int = 3):
+        self.dir = Path(directory)
+        self.keep = max(int(keep), 2)
+        self._writer = None
+        self._pending: list = []
+
+    def publish_in_background(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """`publish` on a writer thread (in order); errors surface at the next call or flush."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._check_pending(wait=False)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish-weights")
+        self._pending.append(self._writer.submit(self.publish, state_dict, version))
+
+    def flush(self) -> None:
+        """Wait until every version handed to `publish_in_background` is on disk."""
+        self._check_pending(wait=True)
+
+    def _check_pending(self, wait: bool) -> None:
+        still = []
+        for future in self._pending:
+            if wait or future.done():
+                future.result()  # re-raises a failed write
+            else:
+                still.append(future)
+        self._pending = still
+
+    @property
+    def base(self) -> Path:
+        return self.dir / "base"
+
+    def publish_base(self, model, tokenizer) -> Path:
+        """The model skeleton generators load once (written atomically, like a version)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".tmp-base-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(self.base, ignore_errors=True)
+        os.replace(tmp, self.base)
+        return self.base
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> Path:
+        """Save a state dict as `version` and point LATEST at it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        final = self.dir / _name(version)
+        tmp = self.dir / f".tmp-{_name(version)}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save(state_dict, tmp / "weights.pt")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        pointer = self.dir / f".{LATEST}-{os.getpid()}"
+        pointer.write_text(str(version))
+        os.replace(pointer, self.dir / LATEST)
+        for old in sorted(self.dir.glob("v-*"))[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def latest_version(self) -> int | None:
+        try:
+            return int((self.dir / LATEST).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def path(self, version: int) -> Path:
+        return self.dir / _name(version)
+
+    def load_latest(self, attempts: int = 50) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, state dict) of the newest published version."""
+        for _ in range(attempts):
+            version = self.latest_version()
+            if version is not None:
+                try:
+                    return version, torch.load(self.path(version) / "weights.pt", map_location="cpu",
+                                               weights_only=True)
+                except (FileNotFoundError, OSError, RuntimeError):
+                    pass  # pruned or replaced under us: read LATEST again
+            time.sleep(0.05)
+        raise FileNotFoundError(f"no published weights under {self.dir} (is the learner running?)")
