@@ -154,10 +154,10 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
         total = time.perf_counter() - t0
         tokens = float(np.sum(table.column("num_tokens").to_numpy()))
         stats["gen_tokens"] += tokens
-        stats["gen_seconds"] += batch.seconds
+        stats["gen_seconds"] += batch.seconds + metrics["score/reward_seconds"]
         stats["gen_rollouts"] += table.num_rows
         stats["batches"] += 1
-        stats["other_seconds"] += total - batch.seconds
+        stats["other_seconds"] += total - batch.seconds - metrics["score/reward_seconds"]
         stats["reward_sum"] = stats.get("reward_sum", 0.0) + float(np.sum(table.column("reward").to_numpy()))
         stats["last_step"] = step
         stats["policy_version"] = generator.policy_version

@@ -355,9 +355,11 @@ class TrainingRun:
         if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
             self.ledger.add(gen_tokens=tokens)
         else:
-            # The verifier's time counts as generation, as in the paper's cost model.
-            self.ledger.add(gen_tokens=tokens, gen_seconds=batch.seconds + metrics["score/seconds"],
+            # The verifier's time counts as generation, as in the paper's cost model (laying
+            # the rows out for storage does not: that is the pipeline's own cost).
+            self.ledger.add(gen_tokens=tokens, gen_seconds=batch.seconds + metrics["score/reward_seconds"],
                             gen_rollouts=table.num_rows)
+            self.ledger.add(other_seconds=metrics["score/seconds"] - metrics["score/reward_seconds"])
         return table, metrics
 
     def append(self, table: pa.Table, step: int) -> dict[str, float]:
@@ -678,6 +680,7 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
             value, error = safe_reward(lambda: task.reward(prompt, s.text, s.finish_reason))
             rewards.append(value)
             errors.append(error)
+    reward_seconds = time.perf_counter() - start
     flagged = warn_flagged(batch.step, errors)
     advantages = group_advantages(rewards, g)
     group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
@@ -711,6 +714,7 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
         "score/zero_signal_group_frac": float((groups.std(axis=1) == 0).mean()),
         "score/flagged": float(flagged),
         "score/seconds": time.perf_counter() - start,
+        "score/reward_seconds": reward_seconds,
         "generate/seconds": batch.seconds,
         "generate/rollouts": float(len(r)),
         "generate/tokens": float(lengths.sum()),
