@@ -60,11 +60,10 @@ def step_task(run: TrainingRun, step: int) -> dict[str, float]:
 
 
 @task(name="learn", task_run_name="learn-{step}", **_task)
-def learn_round_task(run: TrainingRun, step: int) -> dict[str, float]:
-    """One async learner round: sample from the window, K learner steps, publish."""
-    metrics = {"buffer/compact_seconds": run.compact_if_due(step)}  # the learner compacts for all
-    minibatches, sampled = run.sample(step)
-    return metrics | sampled | run.learn(minibatches, step)
+def learn_round_task(run: TrainingRun, step: int, alive) -> dict[str, float]:
+    """One async learner round: wait for rollouts, sample, K learner steps, publish
+    (TrainingRun.async_round)."""
+    return run.async_round(step, alive)
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
@@ -148,21 +147,12 @@ def _async_rounds(run: TrainingRun, progress: Progress) -> None:
     registry: dict[int, Any] = {}
     futures = [generator_task.submit(quote(run), quote(container), w, quote(registry))
                for w in range(loop.workers)]
-    seen = run.control.totals(loop.workers)
+    alive = quote(lambda: any_alive(registry, loop.workers))
     try:
         wait_until_ready(run.control, registry, loop.workers)
         run.start_loop()
         for step in range(run.start_step, loop.steps):
-            waited = run.wait_for_round(lambda: any_alive(registry, loop.workers))
-            metrics = learn_round_task(quote(run), step)
-            now = run.control.totals(loop.workers)
-            new = now.get("gen_rollouts", 0.0) - seen.get("gen_rollouts", 0.0)
-            metrics |= {"learn/wait_seconds": waited, "generate/rollouts": new,
-                        "generate/batches_total": now.get("batches", 0.0),
-                        "score/reward_mean": (now.get("reward_sum", 0.0) - seen.get("reward_sum", 0.0)) / new
-                        if new else float("nan")}
-            seen = now
-            _end_of_round(run, step, metrics, progress)
+            _end_of_round(run, step, learn_round_task(quote(run), step, alive), progress)
     finally:
         run.control.stop()
         for future in futures:

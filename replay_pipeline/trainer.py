@@ -135,6 +135,14 @@ class TrainingRun:
     which the overhead figure leaves out."""
     wait_seconds: float = 0.0
     """Async loop: seconds the learner waited for rollouts (or for the replay cap)."""
+    _loop_base: dict[str, float] = field(default_factory=dict, repr=False)
+    """Ledger totals when this process's rounds began (the overhead figure counts from them)."""
+    _window_usage: tuple | None = field(default=None, repr=False)
+    """(learner step, reuse counts, last uses, total uses) read by sample() for usage_metrics."""
+    _compacted_at: int = field(default=0, repr=False)
+    """Async loop: the rollout-table version of the last compaction."""
+    _workers: dict[str, float] = field(default_factory=dict, repr=False)
+    """Async loop: the generator workers' cumulative stats, read once per round."""
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -231,6 +239,7 @@ class TrainingRun:
         self.weights.publish(self.learner.state_dict(), self.policy_version)
         self.control = AsyncDir.of(self.paths.run_dir)
         self.control.reset()
+        self._workers = self.control.totals(self.cfg.loop.workers)  # a resume's earlier batches
         if mode == "resume":
             self.usage.table.delete(f"learner_step >= {int(self.learner.steps)}")
         self.window_end = self.store.count()
@@ -280,8 +289,7 @@ class TrainingRun:
     def _write_run_info(self, mode: str) -> None:
         """<run_dir>/run.json: the MLflow run this run logs to, its lineage and its resumes
         (a resume needs the MLflow run id even if the run stopped before its first checkpoint)."""
-        path = self.paths.run_dir / RUN_INFO
-        info = read_run_info(self.paths.root, self.run_id) if path.is_file() else {}
+        info = read_run_info(self.paths.root, self.run_id)
         info.update({"run_id": self.run_id, "mlflow_run_id": self.tracker.run_id,
                      "mlflow_uri": self.tracker.uri, "rollout_table": self.store.table_name,
                      "usage_table": self.usage.table_name, "lancedb_uri": str(self.store.uri)})
@@ -383,7 +391,7 @@ class TrainingRun:
         if not every:
             return 0.0
         if self.control is not None:
-            if self.store.version - getattr(self, "_compacted_at", 0) < every:
+            if self.store.version - self._compacted_at < every:
                 return 0.0
         elif (step + 1) % every:
             return 0.0
@@ -401,6 +409,20 @@ class TrainingRun:
         metrics |= self.append(table, step)
         minibatches, sampled = self.sample(step)
         return metrics | sampled | self.learn(minibatches, step)
+
+    def async_round(self, step: int, alive: Callable[[], bool]) -> dict[str, float]:
+        """One round of the async learner: wait for rollouts (wait_for_round), compact when
+        due (the learner compacts for every writer), sample, learn and publish; plus what the
+        generators added since the previous round, from their stats (read once per round)."""
+        metrics = {"learn/wait_seconds": self.wait_for_round(alive),
+                   "buffer/compact_seconds": self.compact_if_due(step)}
+        minibatches, sampled = self.sample(step)
+        metrics |= sampled | self.learn(minibatches, step)
+        seen, self._workers = self._workers, self.control.totals(self.cfg.loop.workers)
+        new = self._workers.get("gen_rollouts", 0.0) - seen.get("gen_rollouts", 0.0)
+        reward = self._workers.get("reward_sum", 0.0) - seen.get("reward_sum", 0.0)
+        return metrics | {"generate/rollouts": new, "generate/batches_total": self._workers.get("batches", 0.0),
+                          "score/reward_mean": reward / new if new else float("nan")}
 
     def sample(self, step: int) -> tuple[list[dict[str, list]], dict[str, float]]:
         """Read the window's light columns and the usage counts, let the strategy choose,
@@ -489,7 +511,7 @@ class TrainingRun:
         before this round, read once by sample() (or here), plus this round's own."""
         seqs = sorted({u["rollout_seq"] for u in used})
         first = min(u["learner_step"] for u in used)
-        cached = getattr(self, "_window_usage", None)
+        cached = self._window_usage
         if cached is not None and cached[0] == first:  # read by sample() for this learner step
             _, counts, previous, total = cached
             previous = {q: previous[q] for q in seqs if q in previous}
@@ -596,9 +618,8 @@ class TrainingRun:
 
     def compute_metrics(self) -> dict[str, float]:
         if self.control is not None:  # async: generation happens in the worker processes
-            workers = self.control.totals(self.cfg.loop.workers)
             for key in ("gen_tokens", "gen_seconds", "gen_rollouts"):
-                self.ledger.totals[key] = workers.get(key, 0.0)
+                self.ledger.totals[key] = self._workers.get(key, 0.0)
         return {**self.ledger.metrics(), **self.overhead_metrics(),
                 "compute/wall_seconds": time.perf_counter() - self.started}
 
@@ -626,7 +647,7 @@ class TrainingRun:
         out = {"compute/round_seconds": rounds, "compute/overhead_seconds": overhead,
                "compute/overhead_frac": overhead / rounds if rounds > 0 else float("nan")}
         if self.control is not None:
-            w = self.control.totals(self.cfg.loop.workers)
+            w = self._workers
             busy = w.get("gen_seconds", 0.0) + w.get("other_seconds", 0.0)
             out["compute/generator_overhead_frac"] = w.get("other_seconds", 0.0) / busy if busy else float("nan")
         return out
