@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -106,7 +106,19 @@ class BufferConfig:
     """FIFO window: the newest `capacity` rollouts of the run can be sampled (ignored by
     `fresh`, whose window is always the newest generation step's batch)."""
     uri: Optional[str] = None
-    """LanceDB database (a directory or an object-store URI). None: <root_dir>/lancedb."""
+    """LanceDB database (a directory or an object-store URI such as s3://bucket/prefix,
+    gs://bucket/prefix, az://container/prefix; see infra/object-storage.md). None:
+    <root_dir>/lancedb."""
+    storage_options: Optional[Dict[str, Any]] = field(default_factory=dict)
+    """Object-store settings for an object-store `buffer.uri`, passed to Lance (flat keys,
+    e.g. `buffer.storage_options={aws_endpoint:'http://127.0.0.1:9000',allow_http:true}`).
+    Empty or null, and any key left out: taken from the usual environment variables, which
+    Lance reads (AWS_ENDPOINT_URL, AWS_ALLOW_HTTP, AWS_REGION, AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, ...). Keep secrets in the environment: the resolved config is saved
+    with the run (config.yaml) and hashed for resume; MLflow params mask secret-looking keys.
+    An object-store database is probed before the run starts (bucket, endpoint, credentials).
+    (Empty, not null, by default: Hydra can merge a dict override into it, and it adds nothing
+    to the config hash of runs made before it existed.)"""
     positive_bias: float = 0.0
     """The paper's positive-bias window, delta: the window holds the freshest (1 - delta) N
     rollouts plus the freshest delta N correct rollouts not already among them (the paper
@@ -124,6 +136,16 @@ class BufferConfig:
     """Compact the rollout table's fragments and refresh its indexes every this many steps
     (each append adds a fragment; without compaction appends and window reads slow down
     as the run grows). 0 never compacts."""
+    read_cache: bool = True
+    """Serve the sampler's reads of the live window (its rows, the chosen rows' token data
+    and their reuse counts) from an in-memory mirror of the table's newest rows
+    (replay_pipeline/buffer/cache.py) instead of three LanceDB queries a round. Same results
+    either way; false reads the table every round."""
+    write_behind: bool = True
+    """Commit each round's rollout append and usage records on a background thread while the
+    learner computes (replay_pipeline/buffer/writer.py): one write in flight, validated before
+    it is handed over, waited for before the next write, every checkpoint and the end of the
+    run. false: every write finishes before the loop goes on."""
 
 
 @dataclass
@@ -176,7 +198,19 @@ class LoopConfig:
     """Learner steps per generation step (K). Replay ratio = K x B / (prompts x G). In the
     async loop: learner steps per round, after which the weights are published."""
     workers: int = 1
-    """Async loop: generator processes (W)."""
+    """Async loop: generator workers (W)."""
+    engine: str = "local"
+    """Async loop: where the generators run. `local`: child processes of the flow (spawn).
+    `dask`: tasks on a Dask cluster (needs `pip install 'dask[distributed]'`), each still a
+    `generator-W` task in Prefect; see infra/distributed.md."""
+    dask_address: Optional[str] = None
+    """loop.engine=dask: the scheduler to use, e.g. tcp://10.0.0.5:8786 (it must see the run
+    root at the same path: a shared filesystem). None: the flow starts a local cluster of
+    `workers` processes with one thread each and closes it at the end."""
+    heartbeat_timeout: float = 180.0
+    """Async loop: a generator stops when the learner's heartbeat (<run_dir>/async/HEARTBEAT,
+    written every timeout/6 s, at most every 10 s) has not changed for this many seconds,
+    i.e. when the learner was killed without writing STOP (for generators on other machines)."""
     worker_threads: int = 1
     """Async loop: torch threads of each generator process (keep W x this + the learner's
     model.torch_threads within the cores)."""
@@ -212,6 +246,9 @@ class TrackingConfig:
     """Where MLflow stores artifacts of a new experiment. None: <root_dir>/mlartifacts."""
     experiment: str = "replay-pipeline"
     """MLflow experiment name."""
+    parent_run_id: Optional[str] = None
+    """MLflow run id of a parent run (a sweep's, flows/sweep.py): the run is created as its
+    child (tag mlflow.parentRunId), so the MLflow UI nests it under the sweep."""
     progress: bool = True
     """Show a progress bar with live reward and accuracy on the terminal."""
 
@@ -245,12 +282,17 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 GENERATOR_BACKENDS = ("transformers",)
 LOOP_MODES = ("sync", "async")
+LOOP_ENGINES = ("local", "dask")
 
 
 def register_configs() -> None:
     """Register the dataclasses as the schema that conf/config.yaml builds on, and the
     `rp.mul` resolver that presets use to size things from the batch (`${rp.mul:a,b}`)."""
-    ConfigStore.instance().store(name="base_config", node=Config)
+    node = OmegaConf.structured(Config)
+    # Free-form keys (Lance's own option names): `buffer.storage_options={k:v,...}` and
+    # `buffer.storage_options.k=v` must not need Hydra's `+`; every other key stays strict.
+    OmegaConf.set_struct(node.buffer.storage_options, False)
+    ConfigStore.instance().store(name="base_config", node=node)
     if not OmegaConf.has_resolver("rp.mul"):
         OmegaConf.register_new_resolver("rp.mul", lambda a, b: int(a) * int(b))
 
@@ -290,7 +332,9 @@ def _explain_composition_error(exc: Exception, overrides: list[str]) -> str:
 
 
 def validate(cfg: DictConfig | Config) -> None:
-    """Cross-field checks; raises ConfigError listing every problem and how to fix it."""
+    """Cross-field checks; raises ConfigError listing every problem and how to fix it.
+    Then an object-store buffer.uri is probed (one LIST request), so a missing bucket, a wrong
+    endpoint or refused credentials fail here, saying what to set."""
     from replay_pipeline.buffer.sampling import SAMPLERS
     from replay_pipeline.objectives import OBJECTIVES
     from replay_pipeline.tasks import TASKS
@@ -329,6 +373,7 @@ def validate(cfg: DictConfig | Config) -> None:
     need(loop.keep_checkpoints >= 1, f"loop.keep_checkpoints={loop.keep_checkpoints} must be >= 1")
     need(loop.mode in LOOP_MODES, f"loop.mode={loop.mode!r} is not one of {list(LOOP_MODES)}")
     need(loop.workers >= 1, f"loop.workers={loop.workers} must be >= 1")
+    _validate_engine(loop, need)
     need(loop.worker_threads >= 1, f"loop.worker_threads={loop.worker_threads} must be >= 1")
     need(loop.replay_cap is None or loop.replay_cap > 0, f"loop.replay_cap={loop.replay_cap} must be > 0, or null")
     need(loop.replay_floor is None or loop.replay_floor >= 0,
@@ -362,6 +407,7 @@ def validate(cfg: DictConfig | Config) -> None:
              f"buffer.strategy=fresh uses each fresh rollout exactly once: loop.updates_per_step x "
              f"loop.minibatch_size ({loop.updates_per_step} x {loop.minibatch_size}) must equal the "
              f"rollouts per step ({rollouts}); use `buffer=none` as it is, or set them to match")
+    problems.extend(_buffer_storage_problems(buf))
 
     need(algo.objective in OBJECTIVES,
          f"algo.objective={algo.objective!r} is not one of {sorted(OBJECTIVES)}")
@@ -421,6 +467,72 @@ def validate(cfg: DictConfig | Config) -> None:
 
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    _probe_buffer_storage(buf)
+
+
+def _buffer_storage_problems(buf: Any) -> list[str]:
+    """What is wrong with buffer.uri / buffer.storage_options, without touching the store."""
+    uri = "" if buf.uri is None else str(buf.uri)
+    remote = "://" in uri and not uri.startswith("file://")
+    options = buf.storage_options
+    problems = []
+    if uri.startswith("s3+ddb://"):
+        problems.append(
+            f"buffer.uri={uri}: the DynamoDB commit store (s3+ddb://) is not supported (the buffer "
+            "appends through the Lance dataset, which would commit behind DynamoDB's back); use "
+            "buffer.uri=s3://bucket/prefix on a store with conditional PUT (AWS S3, MinIO, R2), "
+            "see infra/object-storage.md")
+    if options and not remote:
+        problems.append(
+            "buffer.storage_options is set but "
+            + (f"buffer.uri={buf.uri} is a local directory" if uri else
+               "buffer.uri is unset (the local <tracking.root_dir>/lancedb)")
+            + "; the options only apply to an object store: set buffer.uri=s3://bucket/prefix "
+            "(or gs://, az://), or drop buffer.storage_options")
+    for key, value in (dict(options) if options else {}).items():
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            problems.append(f"buffer.storage_options.{key} must be a string, number or boolean, "
+                            f"not {type(value).__name__}: the options are flat, e.g. "
+                            "buffer.storage_options={aws_endpoint:'http://127.0.0.1:9000',allow_http:true}")
+    return problems
+
+
+def _probe_buffer_storage(buf: Any) -> None:
+    """An object-store buffer.uri must be reachable before any work starts (bucket, endpoint,
+    credentials); one LIST request (replay_pipeline.buffer.lance_table.check_storage)."""
+    uri = "" if buf.uri is None else str(buf.uri)
+    if "://" not in uri or uri.startswith("file://"):
+        return
+    from replay_pipeline.buffer.lance_table import StoreError, check_storage
+
+    try:
+        check_storage(uri, buf.storage_options)
+    except StoreError as exc:
+        raise ConfigError(f"Invalid configuration: buffer.uri={uri}: {exc}") from exc
+
+
+def _validate_engine(loop: Any, need: Any) -> None:
+    """loop.engine, loop.dask_address and loop.heartbeat_timeout (the async loop's generators)."""
+    import importlib.util
+
+    from replay_pipeline.async_loop import DASK_INSTALL, valid_dask_address
+
+    need(loop.engine in LOOP_ENGINES,
+         f"loop.engine={loop.engine!r} is not one of {list(LOOP_ENGINES)}: `local` runs the generators "
+         "as processes of the flow, `dask` as tasks on a Dask cluster")
+    if loop.engine == "dask":
+        need(importlib.util.find_spec("distributed") is not None,
+             f"loop.engine=dask needs dask.distributed, which is not installed: {DASK_INSTALL}")
+        need(loop.mode == "async", "loop.engine=dask runs the async loop's generators on Dask; add loop=async "
+             "(the sync loop generates in the learner's own process)")
+    if loop.dask_address is not None:
+        need(loop.engine == "dask", f"loop.dask_address={loop.dask_address} is only used with loop.engine=dask; "
+             "add loop.engine=dask or drop loop.dask_address")
+        need(valid_dask_address(loop.dask_address),
+             f"loop.dask_address={loop.dask_address!r} is not a Dask scheduler address; give "
+             "[scheme://]host:port as `dask scheduler` prints it, e.g. loop.dask_address=tcp://10.0.0.5:8786")
+    need(loop.heartbeat_timeout >= 1,
+         f"loop.heartbeat_timeout={loop.heartbeat_timeout} must be >= 1 second (default 180)")
 
 
 def to_dataclass(cfg: DictConfig) -> Config:

@@ -39,9 +39,17 @@ from replay_pipeline.runs import RunPaths
 #: Keys a resume may change: they do not alter what the run generates or learns.
 RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_samples",
              "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress",
-             "model.torch_threads")
-#: Keys that name or locate a run rather than configure it (never part of the hash).
-IDENTITY = ("run_id", "resume", "fork", "tracking.root_dir")
+             "model.torch_threads", "buffer.read_cache", "buffer.write_behind",
+             "loop.engine", "loop.dask_address", "loop.heartbeat_timeout")
+#: Keys that name or locate a run rather than configure it (never part of the hash); a key
+#: ending in "." covers every key below it (the object store's endpoint and credentials may
+#: change between a run and its resume).
+IDENTITY = ("run_id", "resume", "fork", "tracking.root_dir", "tracking.parent_run_id",
+            "buffer.storage_options.")
+
+
+def _identity(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IDENTITY)
 #: Prefixes a fork may not change (plus the listed exceptions, which it may).
 FORK_FIXED = ("model.", "buffer.uri", "tracking.")
 FORK_FREE = ("tracking.progress", "tracking.root_dir", "model.torch_threads")
@@ -52,7 +60,7 @@ RUN_INFO = "run.json"
 def config_hash(cfg: DictConfig | dict) -> str:
     """SHA-256 (16 hex digits) of every key that shapes the trajectory (not RESUMABLE or
     IDENTITY keys), so a resume can prove it continues with the configuration it stopped with."""
-    flat = {k: v for k, v in flatten(cfg).items() if k not in RESUMABLE and k not in IDENTITY}
+    flat = {k: v for k, v in flatten(cfg).items() if k not in RESUMABLE and not _identity(k)}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -64,7 +72,7 @@ def parse_fork(spec: str) -> tuple[str, int]:
 def changed_keys(cfg: DictConfig, defaults: DictConfig) -> dict[str, Any]:
     """Keys whose value the overrides changed from the defaults (identity keys excluded)."""
     new, old = flatten(cfg), flatten(defaults)
-    return {k: v for k, v in new.items() if k not in IDENTITY and old.get(k, object()) != v}
+    return {k: v for k, v in new.items() if not _identity(k) and old.get(k, object()) != v}
 
 
 def saved_config(root: str | Path, run_id: str) -> dict[str, Any]:

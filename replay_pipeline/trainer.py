@@ -45,6 +45,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.buffer.cache import WindowCache
+from replay_pipeline.buffer.writer import WriteBehind
 from replay_pipeline.buffer.sampling import SamplingRules, WindowInfo, draw, window_for
 from replay_pipeline.buffer.lance_table import sql_str
 from replay_pipeline.buffer.store import META_COLUMNS
@@ -143,6 +145,10 @@ class TrainingRun:
     """Async loop: the rollout-table version of the last compaction."""
     _workers: dict[str, float] = field(default_factory=dict, repr=False)
     """Async loop: the generator workers' cumulative stats, read once per round."""
+    cache: WindowCache | None = None
+    """The in-memory mirror of the live window (buffer.read_cache; None: read the table)."""
+    writes: WriteBehind = field(default_factory=WriteBehind, repr=False)
+    """Table writes behind the learner (buffer.write_behind); `flush_writes()` waits for them."""
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -169,6 +175,7 @@ class TrainingRun:
         model, tokenizer, policy_info = load_policy(cfg, task, paths, log=log)
         gen_cfg = cfg.generator
         generator = TransformersGenerator.from_config(model, tokenizer, gen_cfg)
+        generator.share_weights(model)  # the learner's updates are the generator's (no copy per round)
         a = cfg.algo
         learner = Learner(
             model, objective=a.objective, lr=a.lr,
@@ -179,7 +186,7 @@ class TrainingRun:
             pad_id=generator.pad_id)
 
         uri = cfg.buffer.uri or str(paths.lancedb)
-        store, usage = _open_tables(uri, mode, run_id, lineage)
+        store, usage = _open_tables(uri, mode, run_id, lineage, cfg.buffer.storage_options)
 
         resolved = OmegaConf.to_container(cfg, resolve=True)
         resolved["run_id"] = run_id
@@ -203,6 +210,11 @@ class TrainingRun:
             run.stored_through = store.max_step() if mode != "new" else -1
             run.used_through = usage.max_learner_step() if mode != "new" else -1
             run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
+        run.writes = WriteBehind(enabled=cfg.buffer.write_behind)
+        if cfg.buffer.read_cache:
+            size = window_for(cfg.buffer.strategy, cfg.buffer.capacity, run.rollouts_per_step)
+            run.cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS],
+                                    keep=size + 4 * run.rollouts_per_step, shared=cfg.loop.mode == "async")
         run._write_run_info(mode)
         if mode != "new":
             log(f"{mode} {run_id} at step {run.start_step} (policy version {run.policy_version}); "
@@ -251,6 +263,7 @@ class TrainingRun:
         loop = self.cfg.loop
         need = loop.updates_per_step * loop.minibatch_size
         start = last_change = time.perf_counter()
+        self.writes.wait()  # the previous round's usage records count towards the cap
         last_rows = -1
         while True:
             rows = self.store.count()
@@ -371,18 +384,51 @@ class TrainingRun:
         return table, metrics
 
     def append(self, table: pa.Table, step: int) -> dict[str, float]:
-        """Persist the scored rollouts (idempotent: a retried append adds nothing), and
-        compact the table every buffer.compact_every steps."""
+        """Persist the scored rollouts, and compact the tables every buffer.compact_every steps.
+
+        A fresh step's rows are validated and given their ``seq`` here, then committed behind
+        the learner (buffer.write_behind; the usage records of the learner steps that use them
+        wait for that commit). A step whose rollouts a stopped process may have stored already
+        (a resume's replayed steps) goes through the idempotent append at once: a retried
+        append adds nothing."""
         start = time.perf_counter()
-        inserted = _retry(lambda attempt: self.store.append(table, known_new=attempt == 0 and step > self.stored_through))
-        # The buffer as of this step: everything, unless rows of later steps are stored already.
-        self.window_end = self.store.seq_end(step) if step < self.stored_through else self.store.count()
+        self.writes.wait()  # the previous round's usage records (raises if that write failed)
+        if step > self.stored_through:
+            rows = self.store.prepare(table, known_new=True)
+            inserted = 0 if rows is None else rows.num_rows
+            if rows is not None:
+                self.window_end = int(rows.column("seq")[-1].as_py()) + 1
+                if self.cache is not None:
+                    self.cache.appended(rows)
+            self.writes.submit(lambda: self._commit_rollouts(rows, table, step))
+            compact_seconds = float("nan")  # reported by learn() once the write is done
+        else:
+            inserted = _retry(lambda attempt: self.store.append(table))
+            # The buffer as of this step: everything, unless rows of later steps are stored already.
+            self.window_end = self.store.seq_end(step) if step < self.stored_through else self.store.count()
+            if self.cache is not None and self.store.last_appended is not None:
+                self.cache.appended(self.store.last_appended)
+            faults.crash_point("after_append", step)
+            compact_seconds = self.compact_if_due(step)
+            self.ledger.add(other_seconds=compact_seconds)
         seconds = time.perf_counter() - start
-        faults.crash_point("after_append", step)
-        compact_seconds = self.compact_if_due(step)
         self.ledger.add(other_seconds=seconds)
-        return {"buffer/appended": float(inserted), "buffer/total_rows": float(self.window_end),
-                "buffer/append_seconds": seconds, "buffer/compact_seconds": compact_seconds}
+        out = {"buffer/appended": float(inserted), "buffer/total_rows": float(self.window_end),
+               "buffer/append_seconds": seconds}
+        return out if compact_seconds != compact_seconds else out | {"buffer/compact_seconds": compact_seconds}
+
+    def _commit_rollouts(self, rows: pa.Table | None, table: pa.Table, step: int) -> float:
+        """The writer thread's half of a fresh step's append (retried through the idempotent
+        append); then the compaction when due. Returns the compaction's seconds."""
+        if rows is not None:
+            _retry(lambda attempt: self.store.insert(rows) if attempt == 0 else self.store.append(table))
+        faults.crash_point("after_append", step)
+        return self.compact_if_due(step)
+
+    def flush_writes(self) -> None:
+        """Wait for the table write in flight (raising its error). Call it before reading the
+        tables in the middle of a run; checkpoints and the end of the run call it."""
+        self.writes.wait()
 
     def compact_if_due(self, step: int) -> float:
         """Compact both tables every buffer.compact_every rounds (async loop: every
@@ -399,9 +445,7 @@ class TrainingRun:
         self.store.compact()
         self.usage.compact()
         self._compacted_at = self.store.version
-        seconds = time.perf_counter() - start
-        self.ledger.add(other_seconds=seconds)
-        return seconds
+        return time.perf_counter() - start
 
     def round(self, step: int) -> dict[str, float]:
         """One sync round: generate, score, append, sample and learn."""
@@ -416,6 +460,7 @@ class TrainingRun:
         generators added since the previous round, from their stats (read once per round)."""
         metrics = {"learn/wait_seconds": self.wait_for_round(alive),
                    "buffer/compact_seconds": self.compact_if_due(step)}
+        self.ledger.add(other_seconds=metrics["buffer/compact_seconds"])
         minibatches, sampled = self.sample(step)
         metrics |= sampled | self.learn(minibatches, step)
         seen, self._workers = self._workers, self.control.totals(self.cfg.loop.workers)
@@ -430,17 +475,23 @@ class TrainingRun:
         start = time.perf_counter()
         b, loop = self.cfg.buffer, self.cfg.loop
         size = window_for(b.strategy, b.capacity, self.rollouts_per_step)
-        if b.positive_bias > 0:  # validation keeps it off the fresh baseline
-            meta = self.store.positive_bias_window(size, b.positive_bias, columns=list(META_COLUMNS),
-                                                   end=self.window_end)
-        else:
-            meta = self.store.window_meta(size, end=self.window_end)
-        seqs = meta.column("seq").to_numpy()
         before = self._usage_bound(self.learner.steps)
-        # One read of the window's usage records gives the sampler its reuse counts and the
-        # learner's metrics their last uses (usage_metrics), both as of this learner step.
-        counts, last = self.usage.uses(int(seqs.min()), int(seqs.max()), before=before) if len(seqs) else ({}, {})
-        total = self.usage.count() if before is None else self.usage.count_before(before)
+        mirrored = self._mirrored_window(size) if before is None and b.positive_bias == 0 else None
+        if mirrored is not None:
+            meta, counts, last, total = mirrored
+        else:
+            self.writes.wait()  # the table must hold this round's rows before it is read
+            if b.positive_bias > 0:  # validation keeps it off the fresh baseline
+                meta = self.store.positive_bias_window(size, b.positive_bias, columns=list(META_COLUMNS),
+                                                       end=self.window_end)
+            else:
+                meta = self.store.window_meta(size, end=self.window_end)
+            seqs = meta.column("seq").to_numpy()
+            # One read of the window's usage records gives the sampler its reuse counts and the
+            # learner's metrics their last uses (usage_metrics), both as of this learner step.
+            counts, last = self.usage.uses(int(seqs.min()), int(seqs.max()), before=before) if len(seqs) else ({}, {})
+            total = self.usage.count() if before is None else self.usage.count_before(before)
+        seqs = meta.column("seq").to_numpy()
         self._window_usage = (self.learner.steps, counts, last, total)
         info = WindowInfo(
             policy_version=meta.column("policy_version").to_numpy(), seq=seqs,
@@ -454,7 +505,11 @@ class TrainingRun:
         picks = [p for p in picks if len(p)]  # eligibility ran out: skip, and say so below
         minibatches = []
         if picks:
-            rows = self.store.take_seqs(seqs[np.concatenate(picks)], columns=LEARN_COLUMNS)
+            chosen = seqs[np.concatenate(picks)]
+            rows = self.cache.take(chosen, LEARN_COLUMNS) if mirrored is not None else None
+            if rows is None:
+                self.writes.wait()
+                rows = self.store.take_seqs(chosen, columns=LEARN_COLUMNS)
             offset = 0
             for p in picks:
                 minibatches.append(rows.slice(offset, len(p)).to_pydict())
@@ -471,6 +526,20 @@ class TrainingRun:
             "buffer/sample_seconds": seconds,
         }
 
+    def _mirrored_window(self, size: int) -> tuple[pa.Table, dict, dict, int] | None:
+        """The live window from the in-memory mirror (filled from the tables on a miss);
+        None without a mirror, or if it cannot hold the window (the caller reads LanceDB)."""
+        if self.cache is None:
+            return None
+        if self.cache.shared:
+            self.cache.refresh()
+        got = self.cache.window(size, self.window_end)
+        if got is None:
+            self.writes.wait()  # the table must hold this round's rows before it is read
+            self.cache.fill(self.window_end)
+            got = self.cache.window(size, self.window_end)
+        return got
+
     def learn(self, minibatches: list[dict[str, list]], step: int) -> dict[str, float]:
         """One learner step per minibatch, a durable record of the rollouts each used, then
         publish the weights (version + 1)."""
@@ -479,14 +548,17 @@ class TrainingRun:
         per_step = [self.learner.step(mb) for mb in minibatches]
         train_seconds = time.perf_counter() - start
         record_start = time.perf_counter()
+        compacted = self.writes.wait()  # the rollouts these records name are stored first
         used = usage_rows(self.run_id, step, first_learner_step, self.policy_version, minibatches)
         metrics = self.usage_metrics(used) if used else {}
         publish_start = time.perf_counter()
         self.policy_version += 1
-        weights = self.learner.state_dict()
-        self.generator.load_weights(weights, self.policy_version)
+        if self.generator.shares_weights:  # the optimizer's in-place update is already there
+            self.generator.policy_version = self.policy_version
+        else:
+            self.generator.load_weights(self.learner.state_dict(), self.policy_version)
         if self.weights is not None:  # async: to the generator processes (written off-thread)
-            self.weights.publish_in_background(weights, self.policy_version)
+            self.weights.publish_in_background(self.learner.state_dict(), self.policy_version)
         publish_seconds = time.perf_counter() - publish_start
         if per_step:
             metrics |= {f"learn/{k}": float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
@@ -500,6 +572,8 @@ class TrainingRun:
             "learn/learner_steps": float(self.learner.steps),
             "buffer/record_seconds": publish_start - record_start,
         })
+        if compacted is not None:
+            metrics["buffer/compact_seconds"] = float(compacted)
         self.ledger.add(train_tokens=metrics.get("learn/tokens", 0.0), train_seconds=train_seconds,
                         train_rollouts=sum(len(mb["rollout_id"]) for mb in minibatches),
                         other_seconds=publish_seconds + publish_start - record_start)
@@ -520,8 +594,14 @@ class TrainingRun:
             counts, previous = self.usage.uses(seqs[0], seqs[-1], before=before)
             total = self.usage.count() if before is None else self.usage.count_before(before)
         self._window_usage = None
-        # Idempotent: a replayed round's records are already stored (then the lookup runs).
-        _retry(lambda attempt: self.usage.record(used, known_new=attempt == 0 and first > self.used_through))
+        if first > self.used_through:  # validated here, committed behind the next round's work
+            prepared = self.usage.prepare(used, known_new=True)
+            self.writes.submit(lambda: _retry(
+                lambda attempt: self.usage.insert(prepared) if attempt == 0 else self.usage.record(used)))
+        else:  # a replayed round's records are already stored: the idempotent append, at once
+            _retry(lambda attempt: self.usage.record(used))
+        if self.cache is not None:
+            self.cache.used(used)
         since, last = [], dict(previous)
         for u in used:  # rows are in learner-step order
             q = u["rollout_seq"]
@@ -573,6 +653,7 @@ class TrainingRun:
         steps, the RNG states, the sampler state (the window's end and the per-step seed rule:
         samplers keep no other state), the compute totals, the evaluation history, the tags,
         the MLflow run id and the config hash."""
+        self.writes.wait()  # a checkpoint never covers a write still in flight
         tag = checkpoint_name(step)
         versions = {}
         for table in (self.store, self.usage):
@@ -657,6 +738,10 @@ class TrainingRun:
         return values[-1][1] if values else default
 
     def summary(self, status: str = "FINISHED") -> dict[str, Any]:
+        try:
+            self.writes.wait()  # the counts below include the last round's writes
+        except Exception as exc:  # raised by the checkpoint already, or the run fails in finish()
+            warnings.warn(f"the last table write of {self.run_id} failed: {exc!r}")
         return _summary(self, status)
 
     def log_final_model(self) -> None:
@@ -668,6 +753,12 @@ class TrainingRun:
             self.tracker.log_artifacts(done[-1] / "model", "model")
 
     def finish(self, status: str = "FINISHED") -> None:
+        try:
+            self.writes.close()
+        except Exception as exc:  # the run already failed, or fails now: say why, finish anyway
+            warnings.warn(f"the last table write of {self.run_id} failed: {exc!r}")
+            if status == "FINISHED":
+                status = "FAILED"
         if self.weights is not None:
             self.weights.flush()
         self.tracker.finish(status)
@@ -801,21 +892,24 @@ def _start_point(cfg: DictConfig, mode: str, paths: RunPaths, log: Callable[[str
     return None, {"mode": "resume", "checkpoint": None}
 
 
-def _open_tables(uri: str, mode: str, run_id: str, lineage: dict[str, Any]) -> tuple[RolloutStore, UsageStore]:
+def _open_tables(uri: str, mode: str, run_id: str, lineage: dict[str, Any],
+                 storage_options: Any = None) -> tuple[RolloutStore, UsageStore]:
     """New run: create both tables. Resume: open them (a schema mismatch is refused and the
     table left untouched). Fork: shallow-clone the source's at the checkpoint's tag, then drop
     the source rows the tag holds beyond the fork point (the fork's own rows are kept, so an
-    interrupted fork can be resumed)."""
+    interrupted fork can be resumed). `storage_options`: buffer.storage_options, for an
+    object-store uri."""
+    opts = {"storage_options": storage_options}
     if mode == "new":
-        return RolloutStore.create(uri, run_id), UsageStore.create(uri, run_id)
+        return RolloutStore.create(uri, run_id, **opts), UsageStore.create(uri, run_id, **opts)
     if mode == "fork" or lineage.get("fork_restart"):
         source, step, tag = lineage["source_run"], lineage["source_step"], lineage["tag"]
         mine = f"run_id != {sql_str(run_id)}"
-        store = RolloutStore.fork(uri, source, tag, run_id, drop_where=f"{mine} AND step >= {int(step)}")
+        store = RolloutStore.fork(uri, source, tag, run_id, drop_where=f"{mine} AND step >= {int(step)}", **opts)
         usage = UsageStore.fork(uri, source, tag, run_id,
-                                drop_where=f"{mine} AND learner_step >= {int(lineage['learner_steps'])}")
+                                drop_where=f"{mine} AND learner_step >= {int(lineage['learner_steps'])}", **opts)
         return store, usage
-    return RolloutStore.open(uri, run_id), UsageStore.open(uri, run_id)
+    return RolloutStore.open(uri, run_id, **opts), UsageStore.open(uri, run_id, **opts)
 
 
 def _tracker(cfg: DictConfig, mode: str, paths: RunPaths, store: RolloutStore, usage: UsageStore,
@@ -836,9 +930,21 @@ def _tracker(cfg: DictConfig, mode: str, paths: RunPaths, store: RolloutStore, u
                  "replay_pipeline.fork_checkpoint": lineage["source_checkpoint"],
                  "replay_pipeline.fork_mlflow_run_id": str(lineage["source_mlflow_run_id"]),
                  "replay_pipeline.fork_table_tag": lineage["tag"]}
+    if cfg.tracking.parent_run_id:
+        tags["mlflow.parentRunId"] = str(cfg.tracking.parent_run_id)
     return MlflowTracker(uri=mlflow_uri, experiment=cfg.tracking.experiment,
-                         artifact_location=cfg.tracking.artifact_location or paths.artifact_location,
+                         artifact_location=artifact_location(cfg, paths, mlflow_uri),
                          run_name=paths.run_id, tags=tags)
+
+
+def artifact_location(cfg: DictConfig, paths: RunPaths, mlflow_uri: str) -> str | None:
+    """Where a new MLflow experiment keeps its artifacts: tracking.artifact_location if set;
+    else a tracking server decides (its --artifacts-destination), and a local store keeps
+    them under the run root."""
+    if cfg.tracking.artifact_location:
+        return str(cfg.tracking.artifact_location)
+    remote = str(mlflow_uri).startswith(("http://", "https://", "databricks"))
+    return None if remote else str(paths.artifact_location)
 
 
 def _retry(fn: Callable[[int], Any], attempts: int = 3, delay: float = 1.0) -> Any:

@@ -9,7 +9,12 @@ Decisions:
   learner re-scores prompt + completion unpadded-then-right-padded, with the same
   positions (generate derives position ids from the attention mask).
 - The generator owns its own copy of the weights: new weights reach it only through
-  ``load_weights``, as they would reach a separate inference engine (vLLM).
+  ``load_weights``, as they would reach a separate inference engine (vLLM). The one exception
+  is the learner's own process (the sync loop, and evaluation in the async loop):
+  ``share_weights`` aliases the generator's parameters to the learner's, so the optimizer's
+  in-place update is the new policy and publishing a version copies nothing (a 2-18 ms
+  copy a round on the default model otherwise). The modules stay separate (the generator's
+  in eval mode, without gradients).
 - Sampling is seeded per call (torch.manual_seed(seed)), so a run is reproducible.
 - Edge completions are ordinary Samples. A completion whose first token is <eos> is
   ``completion_ids == [eos]`` with text "" and finish_reason "stop" (the <eos> is a real
@@ -46,6 +51,7 @@ class TransformersGenerator:
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self.policy_version = 0
+        self.shares_weights = False
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         if self.eos_id is None:
@@ -66,6 +72,20 @@ class TransformersGenerator:
         """Publish new policy weights to the generator; later samples use them."""
         self.model.load_state_dict(state_dict)
         self.policy_version = version
+
+    def share_weights(self, model: torch.nn.Module) -> None:
+        """Alias this generator's parameters and buffers to those of `model` (same
+        architecture, dtype and device, same process): every in-place change to `model`'s
+        weights is then this generator's too; ``load_weights`` still copies into them."""
+        params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+        for mine, theirs in ((self.model.named_parameters(), params), (self.model.named_buffers(), buffers)):
+            for name, tensor in mine:
+                source = theirs.get(name)
+                if source is None or source.shape != tensor.shape or source.dtype != tensor.dtype \
+                        or source.device != tensor.device:
+                    raise ValueError(f"cannot share weights: {name!r} differs between the generator and the model")
+                tensor.data = source.data
+        self.shares_weights = True
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

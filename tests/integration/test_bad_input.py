@@ -59,8 +59,10 @@ def root(tmp_path_factory):
 
 
 def make_run(root, run_id: str, *overrides: str) -> TrainingRun:
+    # Writes finish before append() returns, as these tests read the table right after it
+    # (prepare-time validation, what they test, is the same with write-behind).
     cfg = load_config([f"tracking.root_dir={root}", *TINY_OVERRIDES, f"run_id={run_id}",
-                       "loop.steps=2", *overrides])
+                       "loop.steps=2", "buffer.write_behind=false", *overrides])
     return TrainingRun.setup(cfg, log=lambda _: None, tracker=NullTracker())
 
 
@@ -88,6 +90,7 @@ def fitted_policy(run: TrainingRun, completion: str | None, *, steps: int = 30) 
 
 
 def stored(run: TrainingRun, columns=None) -> pa.Table:
+    run.flush_writes()  # appends are committed behind the learner
     return run.store.window(100_000, columns=columns)
 
 

@@ -31,6 +31,7 @@ def run_steps(root, run_id, *overrides, steps=STEPS):
         minibatches, bm = run.sample(step)
         m |= bm | run.learn(minibatches, step)
         metrics.append(m)
+    run.flush_writes()  # the tables are read below
     return run, metrics
 
 
