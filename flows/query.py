@@ -4,6 +4,7 @@
     python -m flows.query rollouts RUN_ID --versions 10:20 --correct --min-reuse 2
     python -m flows.query usage RUN_ID --learner-steps 0:9 --format csv --output usage.csv
     python -m flows.query summary RUN_ID --by version|staleness|reuse
+    python -m flows.query runs --uri s3://bucket/prefix --storage-option aws_endpoint=http://127.0.0.1:9000
 
 The CLI only parses arguments and renders; the queries are replay_pipeline.analysis, which
 is imported after parsing so that --help and argument errors answer at once (lancedb takes a
@@ -50,9 +51,14 @@ examples:
   python -m flows.query rollouts RUN_ID --format parquet --output rollouts.parquet
   python -m flows.query usage RUN_ID --learner-steps 0:9 --format csv --output usage.csv
   python -m flows.query summary RUN_ID --by staleness --format jsonl
+  python -m flows.query rollouts RUN_ID --uri s3://bucket/prefix --versions 0:3 \
+      --storage-option aws_endpoint=http://127.0.0.1:9000 --storage-option allow_http=true
 
 ranges are inclusive LO:HI (0:10); LO: and :HI leave one end open, 5:5 is one value.
 The LanceDB database is <root>/lancedb (a training run writes it there); --uri names one directly.
+An object store (--uri s3://...) takes the settings of its run's buffer.storage_options as
+--storage-option KEY=VALUE, or from the environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...;
+keep secrets there rather than on the command line); see infra/object-storage.md.
 """
 
 
@@ -97,6 +103,14 @@ _non_negative_int = _number_type(int, lambda v: v >= 0, "a non-negative integer"
 _float = _number_type(float, lambda v: not math.isnan(v), "a number", "0.5")
 
 
+def _storage_option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE, e.g. --storage-option aws_endpoint=http://127.0.0.1:9000")
+    return key.strip(), value
+
+
 def _column_list(text: str) -> list[str]:
     columns = [c.strip() for c in text.split(",") if c.strip()]
     if not columns:
@@ -112,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     one.add_argument("--root", default="runs",
                      help="the runs' tracking.root_dir; the database is ROOT/lancedb (default: runs)")
     one.add_argument("--uri", help="a LanceDB database directly (a directory or an object-store URI)")
+    loc.add_argument("--storage-option", dest="storage_options", type=_storage_option, action="append",
+                     metavar="KEY=VALUE", help="an object-store setting for --uri, as in the run's "
+                     "buffer.storage_options (repeat for several); unset keys come from the environment")
 
     output = argparse.ArgumentParser(add_help=False)
     out = output.add_argument_group("output")
@@ -186,6 +203,9 @@ def _database(args: argparse.Namespace) -> str:
         uri = str(Path(args.root) / "lancedb")
         looked = f"--root {args.root}"
     if "://" not in uri or uri.startswith("file://"):
+        if args.storage_options:
+            raise QueryError(f"--storage-option applies to an object store (--uri s3://bucket/prefix), "
+                             f"not the local database {uri}; drop it or pass the run's --uri")
         path = Path(uri.removeprefix("file://")).expanduser().resolve()
         if not path.is_dir():
             raise QueryError(
@@ -194,6 +214,11 @@ def _database(args: argparse.Namespace) -> str:
                 f"writes runs/lancedb: pass the run's --root DIR, or --uri PATH of the database"
             )
     return uri
+
+
+def _options(args: argparse.Namespace) -> dict[str, str] | None:
+    """--storage-option KEY=VALUE pairs as Lance's storage_options (None: the environment's)."""
+    return dict(args.storage_options) if args.storage_options else None
 
 
 def _described(args: argparse.Namespace, flags: list[tuple[str, str]]) -> str:
@@ -228,13 +253,14 @@ def _cmd_rollouts(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[An
     filters = {a: getattr(args, a) for a, _ in _ROLLOUT_FLAGS}
     limit = _limit(args, DEFAULT_TABLE_LIMIT)
     columns = args.columns or (TABLE_ROLLOUT_COLUMNS if args.format == "table" else None)
-    result = analysis.rollouts(uri, args.run_id, columns=columns, limit=limit, **filters)
+    opts = _options(args)
+    result = analysis.rollouts(uri, args.run_id, columns=columns, limit=limit, storage_options=opts, **filters)
     matched = result.num_rows
     if limit is not None and matched == limit:
-        matched = analysis.count_rollouts(uri, args.run_id, **filters)
+        matched = analysis.count_rollouts(uri, args.run_id, storage_options=opts, **filters)
     empty = ""
     if matched == 0:
-        info = analysis.run_info(uri, args.run_id)
+        info = analysis.run_info(uri, args.run_id, storage_options=opts)
         desc = _described(args, _ROLLOUT_FLAGS)
         span = (f"policy versions {info['min_policy_version']}..{info['max_policy_version']}"
                 if info["rollouts"] else "no rows yet")
@@ -246,13 +272,14 @@ def _cmd_rollouts(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[An
 def _cmd_usage(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
     filters = {a: getattr(args, a) for a, _ in _USAGE_FLAGS}
     limit = _limit(args, DEFAULT_TABLE_LIMIT)
-    result = analysis.usage(uri, args.run_id, columns=args.columns, limit=limit, **filters)
+    opts = _options(args)
+    result = analysis.usage(uri, args.run_id, columns=args.columns, limit=limit, storage_options=opts, **filters)
     matched = result.num_rows
     if limit is not None and matched == limit:
-        matched = analysis.count_usage(uri, args.run_id, **filters)
+        matched = analysis.count_usage(uri, args.run_id, storage_options=opts, **filters)
     empty = ""
     if matched == 0:
-        total = analysis.count_usage(uri, args.run_id)
+        total = analysis.count_usage(uri, args.run_id, storage_options=opts)
         if total == 0:
             empty = (f"run {args.run_id} has no usage records (no usage_{args.run_id} table: the run "
                      f"predates the usage log, or no learner step has run yet)")
@@ -274,7 +301,7 @@ def _select(table: Any, columns: list[str] | None, what: str) -> Any:
 def _cmd_summary(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
     fn = {"version": analysis.per_version_summary, "staleness": analysis.staleness_histogram,
           "reuse": analysis.reuse_histogram}[args.by]
-    result = _select(fn(uri, args.run_id), args.columns, f"summary --by {args.by}")
+    result = _select(fn(uri, args.run_id, storage_options=_options(args)), args.columns, f"summary --by {args.by}")
     matched = result.num_rows
     if args.limit is not None and matched > args.limit:
         result = result.slice(0, args.limit)
@@ -286,7 +313,7 @@ def _cmd_summary(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any
 
 
 def _cmd_runs(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
-    result = _select(analysis.list_runs(uri), args.columns, "runs")
+    result = _select(analysis.list_runs(uri, storage_options=_options(args)), args.columns, "runs")
     matched = result.num_rows
     if args.limit is not None and matched > args.limit:
         result = result.slice(0, args.limit)

@@ -44,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay_pipeline.buffer.lance_table import _exists, table_names
+from replay_pipeline.buffer.lance_table import (_exists, describe_storage_error, is_object_store,
+                                                normalize_storage_options, table_names)
 from replay_pipeline.buffer.store import TABLE_PREFIX as ROLLOUT_PREFIX
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, UsageStore
 
@@ -78,7 +79,12 @@ def _connect(uri: str | Path, storage_options: Mapping[str, str] | None) -> lanc
             f"a training run writes its rollouts to <tracking.root_dir>/lancedb, "
             f"e.g. runs/lancedb: point uri at that directory"
         )
-    return lancedb.connect(str(uri), storage_options=dict(storage_options) if storage_options else None)
+    try:
+        return lancedb.connect(str(uri), storage_options=normalize_storage_options(storage_options))
+    except (ValueError, RuntimeError, OSError) as exc:  # an object store: say what to set
+        if not is_object_store(uri):
+            raise
+        raise ValueError(describe_storage_error(uri, storage_options, exc)) from exc
 
 
 class _Run:

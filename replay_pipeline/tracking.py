@@ -7,6 +7,10 @@ waits for the tracking store (a SQLite batch costs ~10-20 ms here); `flush()` wa
 them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
 metrics of the steps it covers are stored. A writer error surfaces at the next call. `NullTracker` has the same interface and does nothing, which
 keeps `if tracker:` checks out of the training loop.
+
+Secrets stay out of MLflow: params, tags and text artifacts (config.yaml, summary.json) have
+the values of secret-looking keys (`aws_secret_access_key`, `..._token`, `password`, account
+keys, ...; see `is_secret_key`) replaced by `***` (`mask_secrets`, `mask_secrets_text`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +27,41 @@ from typing import Any, Mapping
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 MAX_PARAM_LENGTH = 6000
+MASK = "***"
+# Key words (between `_`, `-`, `.`) and key fragments that mark a value as a secret.
+_SECRET_WORDS = {"secret", "password", "passwd", "token", "credential", "credentials", "sas"}
+_SECRET_PARTS = ("access_key", "account_key", "private_key", "api_key", "secret")
+# `key: value` (YAML) or `"key": value,` (JSON), one per line.
+_KEY_LINE = re.compile(r'^(?P<head>\s*(?:-\s+)?(?P<q>"?)(?P<key>[^\s":]+)(?P=q)\s*:[ \t]+)'
+                       r'(?P<value>.*?)(?P<comma>,?)[ \t]*$', re.M)
+
+
+def is_secret_key(key: str) -> bool:
+    """True for a config or param key whose value is a secret: its last component contains
+    `secret`, `access_key`, `account_key`, `private_key` or `api_key`, or has the word
+    `token`, `password`, `credential(s)` or `sas` (`max_new_tokens` is not one)."""
+    name = str(key).rsplit(".", 1)[-1].lower()
+    words = set(re.split(r"[_\-]+", name))
+    return bool(words & _SECRET_WORDS) or any(part in name for part in _SECRET_PARTS)
+
+
+def mask_secrets(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with the value of every secret-looking key (see `is_secret_key`) replaced by
+    `***` (empty and None values are left as they are)."""
+    return {k: MASK if is_secret_key(k) and v not in (None, "") else v for k, v in values.items()}
+
+
+def mask_secrets_text(text: str) -> str:
+    """YAML or JSON text with the value of every `key: value` line whose key looks secret
+    replaced by `***` (null and empty values are left alone)."""
+    def repl(m: re.Match) -> str:
+        value = m.group("value")
+        if not is_secret_key(m.group("key")) or value.strip() in ("", "null", "~", "''", '""', "{}"):
+            return m.group(0)
+        masked = f'"{MASK}"' if m.group("q") or value.startswith('"') else f"'{MASK}'"
+        return f"{m.group('head')}{masked}{m.group('comma')}"
+
+    return _KEY_LINE.sub(repl, text)
 
 
 class NullTracker:
@@ -47,7 +87,8 @@ class MlflowTracker:
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
-            location = Path(artifact_location).resolve().as_uri() if artifact_location else None
+            location = (None if not artifact_location else str(artifact_location)
+                        if "://" in str(artifact_location) else Path(artifact_location).resolve().as_uri())
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id
@@ -116,7 +157,7 @@ class MlflowTracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in mask_secrets(params).items()]
         for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
@@ -133,7 +174,7 @@ class MlflowTracker:
             self._queue.put(items)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self.client.log_text(self.run_id, mask_secrets_text(text), artifact_file)
 
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         self.log_text(json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
@@ -142,7 +183,7 @@ class MlflowTracker:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        for k, v in tags.items():
+        for k, v in mask_secrets(tags).items():
             self.client.set_tag(self.run_id, k, str(v))
 
     def finish(self, status: str = "FINISHED") -> None:

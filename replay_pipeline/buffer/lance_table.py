@@ -43,10 +43,21 @@ succeeds (appends never conflict). The lookup and the append are two steps, so t
 append the *same* new id at the same moment would both insert it: each writer must own its ids,
 which deterministic ids per (run, step, group, sample) or (run, learner step, position) give.
 Retrying one's own write after it returned or failed is always safe.
+
+Object stores (``s3://bucket/prefix``, ``gs://``, ``az://``; infra/object-storage.md): every
+method takes ``storage_options`` (normalised by :func:`normalize_storage_options`; keys left
+out are read from the usual environment variables, ``AWS_*`` for S3). On S3 Lance commits a
+version with a conditional PUT (``If-None-Match: *``) of its manifest, so concurrent appends
+stay safe there as on a local disk, on any store that honours it. ``s3+ddb://`` (Lance's
+DynamoDB commit store) is refused: appends go through the Lance dataset under the lancedb table
+(:meth:`LanceTable._dataset`), which lancedb 0.40 opens as plain ``s3://`` and which would then
+commit behind DynamoDB's back. :func:`check_storage` probes a database before a run starts, and
+connection failures raise :class:`StoreError` saying what to set.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -61,7 +72,8 @@ from lancedb.index import BTree
 
 from .schema import SchemaMismatch, rows_to_table, schema_mismatches
 
-__all__ = ["COMPACT_TARGET_ROWS", "LanceTable", "StoreError", "int_filter", "sql_str", "table_names"]
+__all__ = ["COMPACT_TARGET_ROWS", "LanceTable", "StoreError", "check_storage", "describe_storage_error",
+           "int_filter", "is_object_store", "normalize_storage_options", "sql_str", "table_names"]
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 # Rows besides the batch's own that the id lookup's range may hold before it falls back to
@@ -86,12 +98,150 @@ def sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _connect(uri: str | Path, storage_options: Mapping[str, str] | None) -> lancedb.DBConnection:
-    return lancedb.connect(
-        str(uri),
-        read_consistency_interval=timedelta(0),
-        storage_options=dict(storage_options) if storage_options else None,
-    )
+def is_object_store(uri: str | Path) -> bool:
+    """True for an object-store URI (``s3://``, ``gs://``, ``az://``, ...), False for a local
+    directory (a plain path or ``file://``)."""
+    text = str(uri)
+    return "://" in text and not text.startswith("file://")
+
+
+def normalize_storage_options(storage_options: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """Lance's ``storage_options`` as it takes them: a flat ``str -> str`` dict (None if empty).
+
+    Booleans become ``"true"``/``"false"`` and numbers their text, so a Hydra override such as
+    ``buffer.storage_options={allow_http:true}`` works (Lance refuses non-string values).
+    """
+    if not storage_options:
+        return None
+    out: dict[str, str] = {}
+    for key, value in dict(storage_options).items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out[str(key)] = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            out[str(key)] = str(value)
+        else:
+            raise StoreError(
+                f"storage option {key!r} must be a string, number or boolean, got "
+                f"{type(value).__name__}; storage_options is a flat mapping such as "
+                f"{{aws_endpoint: 'http://127.0.0.1:9000', allow_http: true}}"
+            )
+    return out or None
+
+
+def _check_scheme(uri: str | Path) -> None:
+    if str(uri).startswith("s3+ddb://"):
+        raise StoreError(
+            f"{str(uri)!r}: the DynamoDB commit store (s3+ddb://) is not supported. The stores "
+            "append through the Lance dataset under each lancedb table, and with lancedb 0.40 that "
+            "dataset commits to S3 directly, bypassing the DynamoDB table, so other readers would "
+            "miss those commits. Use s3://bucket/prefix on a store with conditional PUT "
+            "(If-None-Match; AWS S3, MinIO, Cloudflare R2 and moto have it): Lance's own "
+            "commits are then safe with concurrent writers. See infra/object-storage.md."
+        )
+
+
+def _connect(uri: str | Path, storage_options: Mapping[str, Any] | None) -> lancedb.DBConnection:
+    _check_scheme(uri)
+    options = normalize_storage_options(storage_options)
+    try:
+        return lancedb.connect(str(uri), read_consistency_interval=timedelta(0), storage_options=options)
+    except (ValueError, RuntimeError, OSError) as exc:
+        if not is_object_store(uri):
+            raise
+        raise StoreError(describe_storage_error(uri, options, exc)) from exc
+
+
+def _storage_setting(options: Mapping[str, str], keys: Sequence[str], env: Sequence[str]) -> tuple[str | None, str]:
+    """The value of the first of ``keys`` set in ``options`` (or of ``env`` in the
+    environment), with where it came from."""
+    for key in keys:
+        if options.get(key):
+            return options[key], f"storage option {key}"
+    for var in env:
+        if os.environ.get(var):
+            return os.environ[var], f"${var}"
+    return None, "not set"
+
+
+#: What to set for an S3-compatible store, named once for every error message.
+S3_SETTINGS = (
+    "For S3 and S3-compatible servers set storage options (buffer.storage_options in the "
+    "training config, --storage-option KEY=VALUE for flows.query) or the environment variables "
+    "Lance reads when an option is left out: aws_endpoint / AWS_ENDPOINT_URL (the server, e.g. "
+    "http://127.0.0.1:9000; leave it out for AWS S3 itself), allow_http=true / AWS_ALLOW_HTTP=true "
+    "(needed for a plain-http endpoint), aws_region / AWS_REGION, and the credentials "
+    "aws_access_key_id / AWS_ACCESS_KEY_ID and aws_secret_access_key / AWS_SECRET_ACCESS_KEY "
+    "(keep secrets in the environment: the training config is saved with the run)."
+)
+
+
+def describe_storage_error(uri: str | Path, storage_options: Mapping[str, Any] | None, exc: BaseException) -> str:
+    """A short message for a failure to reach an object store: the likely cause, what to set
+    to fix it, and the start of Lance's own error."""
+    options = normalize_storage_options(storage_options) or {}
+    text = str(exc)
+    raw = " ".join(text.split())
+    raw = raw if len(raw) <= 400 else raw[:400] + " ..."
+    uri = str(uri)
+    scheme, _, rest = uri.partition("://")
+    bucket = rest.split("/", 1)[0]
+    head = f"cannot reach the LanceDB database at {uri!r}"
+    if scheme != "s3":
+        return (f"{head}: {raw}. Check the URI and the storage options for {scheme}:// (Lance's "
+                "object_store keys, e.g. google_service_account / GOOGLE_APPLICATION_CREDENTIALS "
+                "for gs://, azure_storage_account_name and azure_storage_account_key / "
+                "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY for az://); see "
+                "infra/object-storage.md.")
+    endpoint, endpoint_from = _storage_setting(options, ("aws_endpoint", "endpoint", "aws_endpoint_url"),
+                                               ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"))
+    where = f"endpoint {endpoint} ({endpoint_from})" if endpoint else "AWS S3 itself (no endpoint is set)"
+    if "NoSuchBucket" in text:
+        cause = (f"the bucket {bucket!r} does not exist at {where}. Create it first (e.g. "
+                 f"`aws s3 mb s3://{bucket}" + (f" --endpoint-url {endpoint}`" if endpoint else "`")
+                 + ", or the server's console), or point the URI at an existing bucket")
+    elif "InvalidBucketName" in text:
+        cause = f"{bucket!r} is not a valid bucket name (3-63 lowercase letters, digits, '.' and '-')"
+    elif "BadScheme" in text:
+        cause = (f"the {where} is plain http, which is refused unless allowed: set allow_http=true "
+                 "(or AWS_ALLOW_HTTP=true)")
+    elif "resolve region" in text:
+        cause = "no region is set: set aws_region (or AWS_REGION), e.g. us-east-1"
+    elif any(s in text for s in ("credentials", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                 "AccessDenied", "Forbidden", "403")):
+        cause = (f"the credentials were refused or could not be found for {where}: set "
+                 "aws_access_key_id and aws_secret_access_key (or AWS_ACCESS_KEY_ID and "
+                 "AWS_SECRET_ACCESS_KEY)" + ("" if endpoint else
+                 "; for MinIO or another S3-compatible server also set aws_endpoint"))
+    elif any(s in text for s in ("kind: Connect", "ConnectError", "tcp connect error", "Connection refused",
+                                 "dns error", "timed out", "error sending request")):
+        cause = (f"nothing answered at {where}: check the endpoint's host, port and scheme "
+                 "(http or https)" + ("" if endpoint else
+                 "; for MinIO or another S3-compatible server set aws_endpoint"))
+    else:
+        cause = f"the request to {where} failed"
+    return f"{head}: {cause}. {S3_SETTINGS} (Lance said: {raw})"
+
+
+def check_storage(uri: str | Path, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Fail fast, with a message that says what to set, if the object store behind ``uri`` is
+    unreachable, the bucket is missing or the credentials are refused: connects and lists the
+    database's tables (one or two LIST requests). Does nothing for a local directory.
+
+    Raises :class:`StoreError`. Connection failures are retried once here, not Lance's default
+    three times, so a wrong endpoint is reported within seconds.
+    """
+    if not is_object_store(uri):
+        return
+    _check_scheme(uri)
+    options = {"client_max_retries": "1", "client_retry_timeout": "30",
+               **(normalize_storage_options(storage_options) or {})}
+    try:
+        db = lancedb.connect(str(uri), storage_options=options)
+        table_names(db)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise StoreError(describe_storage_error(uri, options, exc)) from exc
 
 
 def table_names(db: lancedb.DBConnection) -> list[str]:
@@ -162,6 +312,9 @@ class LanceTable:
         self.table_name = self.table_name_for(run_id)
         self._live: Any = None  # the Lance dataset at the newest version read so far
         self._cache: Any = None  # the Lance cache session all of them share
+        self.last_appended: pa.Table | None = None
+        """The rows the last append through this handle inserted, as stored (assigned columns
+        filled in); None if it inserted nothing."""
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -257,7 +410,7 @@ class LanceTable:
         if name not in table_names(db):
             src_uri = str(source._dataset().uri).rstrip("/")
             target = src_uri.rsplit("/", 1)[0] + f"/{name}.lance"
-            source._dataset().shallow_clone(target, tag, storage_options=dict(storage_options) if storage_options else None)
+            source._dataset().shallow_clone(target, tag, storage_options=normalize_storage_options(storage_options))
         table = db.open_table(name)
         store = cls(db, table, str(uri), run_id)
         # The cloned indexes point into the source's directory, which index updates in the
@@ -351,17 +504,38 @@ class LanceTable:
     def _append(self, data: Any, known_new: bool = False) -> int:
         """Validate, drop the rows whose id is stored (unless the caller knows none is),
         assign, append; returns rows inserted."""
+        self.last_appended = None
+        prepared = self.prepare(data, known_new=known_new)
+        return 0 if prepared is None else self.insert(prepared)
+
+    def prepare(self, data: Any, known_new: bool = False) -> pa.Table | None:
+        """The first half of an append: validate the batch (raising :class:`StoreError` as the
+        append would), drop the rows whose id is stored (unless ``known_new``) and fill in the
+        assigned columns; returns the rows exactly as :meth:`insert` will store them, or None
+        if there is nothing to insert. Nothing is written.
+
+        For a single writer that wants the assigned values before the write is done (the
+        training loop writes behind its learner steps): assigned values (``seq``) are computed
+        from the rows stored now, so no other append may come between this and :meth:`insert`.
+        """
         data = self._to_input_table(data)
         if data.num_rows == 0:
-            return 0
+            return None
         self._check_batch(data)
         stored = [] if known_new else self._stored_ids(data.column(self.ID_COLUMN))
         if len(stored):
             data = data.filter(pc.invert(pc.is_in(data.column(self.ID_COLUMN), value_set=stored)))
             if data.num_rows == 0:
-                return 0
-        self._dataset().insert(self._assign(data))
-        return data.num_rows
+                return None
+        return self._assign(data)
+
+    def insert(self, prepared: pa.Table) -> int:
+        """The second half of an append: commit rows returned by :meth:`prepare` (one new
+        fragment); returns the rows inserted. A retry after an unknown outcome must go through
+        the idempotent append (or :meth:`prepare` again), not repeat this."""
+        self._dataset().insert(prepared)
+        self.last_appended = prepared
+        return prepared.num_rows
 
     # ------------------------------------------------------------------ reading
     def _dataset(self, table: Any = None) -> Any:
