@@ -31,7 +31,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import ExternalSignal
 from prefect.utilities.annotations import quote
 
-from replay_pipeline.async_loop import any_alive, run_worker_process, wait_until_ready
+from replay_pipeline.async_loop import (Heartbeat, any_alive, check_dask_scheduler, check_generators, dask_client,
+                                        run_dask_worker, run_worker_process, wait_until_ready)
 from replay_pipeline.buffer.lance_table import StoreError
 from replay_pipeline.checkpoints import CheckpointError
 from replay_pipeline.config import CONF_DIR, ConfigError
@@ -131,35 +132,72 @@ def _sync_steps(run: TrainingRun, progress: Progress) -> None:
 
 
 @task(name="generator", task_run_name="generator-{worker}", **_task)
-def generator_task(run: TrainingRun, cfg_container: dict, worker: int, registry: dict) -> dict[str, float]:
-    """One generator process of the async loop, alive as long as the learner runs."""
-    return run_worker_process(cfg_container, run.run_id, worker, run.control, registry)
+def generator_task(run: TrainingRun, cfg_container: dict, worker: int, registry: dict, client=None,
+                   session: str | None = None) -> dict[str, float]:
+    """One generator of the async loop, alive as long as the learner runs: a child process
+    (loop.engine=local) or a task on the Dask cluster of `client` (loop.engine=dask) that this
+    Prefect task supervises from the flow's process (replay_pipeline/async_loop.py says why)."""
+    if client is None:
+        return run_worker_process(cfg_container, run.run_id, worker, run.control, registry, session)
+    return run_dask_worker(client, cfg_container, run.run_id, worker, run.control, registry, session)
+
+
+def _worker_config(run: TrainingRun) -> dict[str, Any]:
+    """The resolved configuration the generators rebuild themselves from, with the run root
+    (and a local buffer.uri) made absolute: a Dask worker's working directory is its own."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(run.cfg, resolve=True)
+    container["run_id"] = run.run_id
+    container["tracking"]["root_dir"] = str(run.paths.root)
+    uri = container["buffer"].get("uri")
+    if uri and "://" not in str(uri):
+        container["buffer"]["uri"] = str(Path(str(uri)).expanduser().resolve())
+    return container
+
+
+def _stop_generators(run: TrainingRun, futures: list, registry: dict[int, Any]) -> None:
+    run.control.stop()
+    for future in futures:
+        future.wait(timeout=120)
+    for proc in registry.values():  # a worker that ignored STOP for 2 minutes
+        if proc.is_alive():
+            proc.kill()
 
 
 def _async_rounds(run: TrainingRun, progress: Progress) -> None:
     """The learner's side of the async loop; the generators run as concurrent Prefect tasks,
-    each supervising one generator process (replay_pipeline/async_loop.py)."""
-    from omegaconf import OmegaConf
+    each supervising one generator process or Dask task (replay_pipeline/async_loop.py),
+    while a heartbeat thread tells them the learner is alive."""
+    from contextlib import ExitStack
 
     loop = run.cfg.loop
-    container = OmegaConf.to_container(run.cfg, resolve=True)
-    container["run_id"] = run.run_id
+    container = _worker_config(run)
     registry: dict[int, Any] = {}
-    futures = [generator_task.submit(quote(run), quote(container), w, quote(registry))
-               for w in range(loop.workers)]
-    alive = quote(lambda: any_alive(registry, loop.workers))
-    try:
-        wait_until_ready(run.control, registry, loop.workers)
-        run.start_loop()
-        for step in range(run.start_step, loop.steps):
-            _end_of_round(run, step, learn_round_task(quote(run), step, alive), progress)
-    finally:
-        run.control.stop()
-        for future in futures:
-            future.wait(timeout=120)
-        for proc in registry.values():  # a worker that ignored STOP for 2 minutes
-            if proc.is_alive():
-                proc.kill()
+    with ExitStack() as stack:  # closed in reverse: generators stopped, cluster closed, heartbeat ended
+        heartbeat = stack.enter_context(Heartbeat(run.control, loop.heartbeat_timeout))
+        client = stack.enter_context(dask_client(loop.workers, loop.dask_address, log=_say)) \
+            if loop.engine == "dask" else None
+        futures = [generator_task.submit(quote(run), quote(container), w, quote(registry), quote(client),
+                                         heartbeat.session) for w in range(loop.workers)]
+        stack.callback(_stop_generators, run, futures, registry)
+        alive = quote(lambda: any_alive(registry, loop.workers))
+        try:
+            wait_until_ready(run.control, registry, loop.workers)
+            run.start_loop()
+            for step in range(run.start_step, loop.steps):
+                _end_of_round(run, step, learn_round_task(quote(run), step, alive), progress)
+                check_generators(run.control, registry)  # a crashed generator ends the run now
+        except Exception:
+            # The learner stopped on an error; when a generator failed first (which is why the
+            # learner found none alive), fail with the generator's own error instead.
+            _stop_generators(run, futures, registry)
+            for future in futures:
+                if future.state.is_failed():
+                    future.result()
+            raise
     for future in futures:
         future.result()  # a generator that crashed mid-run fails the flow
 
@@ -228,8 +266,9 @@ def _check_start_point(cfg) -> None:
     _start_point(cfg, mode, paths, log=_say)
     table_run = cfg.resume if mode == "resume" else cfg.fork.partition("@")[0]
     uri = cfg.buffer.uri or str(paths.lancedb)
-    RolloutStore.open(uri, table_run)  # a missing table or a schema mismatch is refused here
-    UsageStore.open(uri, table_run)
+    opts = cfg.buffer.storage_options  # an unreachable object store was refused by validate
+    RolloutStore.open(uri, table_run, storage_options=opts)  # a missing table or a schema mismatch is refused here
+    UsageStore.open(uri, table_run, storage_options=opts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         ensure_writable(cfg.tracking.root_dir)
         if cfg.resume is not None or cfg.fork is not None:
             _check_start_point(cfg)
+        if cfg.loop.mode == "async" and cfg.loop.engine == "dask" and cfg.loop.dask_address:
+            check_dask_scheduler(cfg.loop.dask_address)  # an unreachable scheduler fails here
     except (ConfigError, PermissionError, CheckpointError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,332 @@
+"""Generators on a Dask cluster (`loop=async loop.engine=dask`), end to end on real clusters on
+loopback: a LocalCluster the flow starts and closes itself, and an existing scheduler with a
+worker (`dask scheduler` + `dask worker` processes this module starts and stops by pid). The
+rollout table, the usage records, the workers' stats (which prove where the generators ran)
+and Prefect's task runs are read back; then the liveness rules: a generator whose learner
+stopped beating ends by itself, a generator killed mid-run fails the flow with its error, and
+an unreachable scheduler fails the command before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from replay_pipeline.async_loop import AsyncDir, Heartbeat, check_dask_scheduler, generator_worker
+from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.buffer.usage import UsageStore
+from replay_pipeline.config import ConfigError, load_config
+from tests.conftest import ROOT, TINY_OVERRIDES
+
+distributed = pytest.importorskip("distributed", reason="loop.engine=dask needs pip install 'dask[distributed]'")
+
+B, K, R = 16, 2, 16  # minibatch, updates per round, rollouts per generator batch (TINY_OVERRIDES)
+STEPS = 3
+
+
+# ------------------------------------------------------------------ helpers
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """One run root (and Prefect home) for the module: the warm start is cached once."""
+    return tmp_path_factory.mktemp("dask-runs")
+
+
+def command(root: Path, run_id: str, steps: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", *TINY_OVERRIDES, f"run_id={run_id}",
+            "loop=async", "loop.engine=dask", "model.torch_threads=1", "loop.worker_threads=1",
+            f"loop.steps={steps}", "loop.eval_every=0", "loop.passk_every=0", "loop.eval_samples=2",
+            "loop.checkpoint_every=0", *extra]
+
+
+def start(root: Path, run_id: str, steps: int, *extra: str) -> subprocess.Popen:
+    """The flow in its own session, so that everything it starts can be found (and, when a
+    test kills the learner, stopped) by the session id."""
+    env = {**os.environ, "PREFECT_HOME": str(root / ".prefect")}
+    return subprocess.Popen(command(root, run_id, steps, *extra), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the flow did not end within {timeout} s:\n{out[-3000:]}")
+    return out
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getsid(p.pid) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
+    return found
+
+
+def assert_no_leftovers(sid: int, grace: float = 15.0) -> None:
+    deadline = time.monotonic() + grace
+    while session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in session_processes(sid)]
+    assert not left, f"processes left behind by the flow: {left}"
+
+
+def stop_session(sid: int) -> None:
+    """SIGKILL the process group `sid` (a flow or a Dask process this module started)."""
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def check_tables(root: Path, run_id: str, steps: int, workers: int) -> tuple[dict, dict]:
+    store = RolloutStore.open(root / "lancedb", run_id)
+    rows = store.window(100_000, columns=["rollout_id", "worker", "step"]).to_pydict()
+    assert len(rows["rollout_id"]) == len(set(rows["rollout_id"])) >= B
+    assert set(rows["worker"]) == set(range(workers))  # every generator stored rows, with its id
+    for w in range(workers):
+        steps_of_w = [s for s, ww in zip(rows["step"], rows["worker"]) if ww == w]
+        assert sorted(set(steps_of_w)) == list(range(max(steps_of_w) + 1))
+        assert len(steps_of_w) == R * (max(steps_of_w) + 1)
+        assert all(rid.startswith(f"{run_id}/w{w:02d}/") for rid, ww in zip(rows["rollout_id"], rows["worker"])
+                   if ww == w)
+    usage = UsageStore.open(root / "lancedb", run_id).rows().to_pydict()
+    assert len(usage["usage_id"]) == steps * K * B
+    assert set(usage["rollout_id"]) <= set(rows["rollout_id"])  # every use names a stored row
+    return rows, usage
+
+
+def prefect_states(root: Path, run_id: str) -> tuple[dict[str, str], str, str]:
+    """The generator task runs, the state and the state message of the flow run of `run_id`."""
+    with sqlite3.connect(root / ".prefect" / "prefect.db") as db:
+        flows = db.execute("SELECT f.id, f.state_type, s.message FROM flow_run f JOIN flow_run_state s "
+                           "ON s.id = f.state_id WHERE f.parameters LIKE ?", (f'%"run_id={run_id}"%',)).fetchall()
+        assert len(flows) == 1, flows
+        tasks = dict(db.execute("SELECT name, state_type FROM task_run WHERE flow_run_id = ? AND name LIKE "
+                                "'generator-%'", (flows[0][0],)).fetchall())
+    return tasks, flows[0][1], flows[0][2] or ""
+
+
+def read_stats(root: Path, run_id: str, worker: int) -> dict:
+    return AsyncDir.of(root / run_id).read_stats(worker)
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the flow ended before {what}:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ an existing cluster
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """`dask scheduler` and one `dask worker` (one thread, with a nanny) on loopback, each in
+    its own session and stopped by its id at the end. The scheduler fails a task whose worker
+    died at once (allowed-failures 0) instead of retrying it elsewhere."""
+    home = tmp_path_factory.mktemp("dask-cluster")
+    sched_file = home / "scheduler.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)],
+                              cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=open(home / "scheduler.log", "w"),
+                              start_new_session=True)]
+    try:
+        wait_for(lambda: sched_file.exists() and json.loads(sched_file.read_text() or "{}").get("address"),
+                 60, "the Dask scheduler")
+        address = json.loads(sched_file.read_text())["address"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address,
+                                       "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--memory-limit", "0",
+                                       "--local-directory", str(home / "worker")],
+                                      cwd=home, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=open(home / "worker.log", "w"), start_new_session=True))
+        with distributed.Client(address, timeout=30) as client:
+            client.wait_for_workers(1, timeout=60)
+            yield address, client, home
+    finally:
+        for proc in reversed(procs):  # worker (with its nanny's child), then the scheduler
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=20)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                stop_session(proc.pid)
+                proc.wait(timeout=10)
+        for proc in procs:
+            assert_no_leftovers(proc.pid, grace=10)
+
+
+def worker_processes(client) -> dict[str, int]:
+    """{worker address: pid of the Dask worker process} of the existing cluster."""
+    client.wait_for_workers(1, timeout=60)
+    return client.run(os.getpid)
+
+
+# ------------------------------------------------------------------ tests
+@pytest.mark.slow
+def test_two_generators_on_a_local_cluster_the_flow_starts_and_closes(root):
+    proc = start(root, "dask-local", STEPS, "loop.workers=2")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert "Dask LocalCluster at tcp://127.0.0.1:" in out and "Run dask-local finished: 3 steps" in out
+    check_tables(root, "dask-local", STEPS, workers=2)
+    stats = [read_stats(root, "dask-local", w) for w in (0, 1)]
+    for s in stats:  # each generator ran as a task in a Dask worker process, not in the flow
+        assert s["engine"] == "dask" and s["dask_worker"].startswith("tcp://127.0.0.1:"), s
+        assert s["pid"] != proc.pid and s["batches"] >= 1 and s["stop_reason"] == "stop flag"
+    assert stats[0]["pid"] != stats[1]["pid"] and stats[0]["dask_worker"] != stats[1]["dask_worker"]
+    tasks, flow_state, _ = prefect_states(root, "dask-local")
+    assert tasks == {"generator-0": "COMPLETED", "generator-1": "COMPLETED"} and flow_state == "COMPLETED"
+    assert_no_leftovers(proc.pid)  # the cluster's scheduler and worker processes (in its session) are gone
+
+
+@pytest.mark.slow
+def test_an_existing_scheduler_and_a_generator_whose_learner_stopped_beating(root, cluster):
+    address, client, _ = cluster
+    workers = worker_processes(client)
+    proc = start(root, "dask-ext", STEPS, f"loop.dask_address={address}")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert f"Dask scheduler at {address}: 1 worker(s), 1 thread(s)" in out
+    check_tables(root, "dask-ext", STEPS, workers=1)
+    stats = read_stats(root, "dask-ext", 0)
+    assert stats["engine"] == "dask" and stats["stop_reason"] == "stop flag"
+    assert workers[stats["dask_worker"]] == stats["pid"]  # that worker process of that cluster ran it
+    tasks, flow_state, _ = prefect_states(root, "dask-ext")
+    assert tasks == {"generator-0": "COMPLETED"} and flow_state == "COMPLETED"
+    assert_no_leftovers(proc.pid)
+    assert client.run(os.getpid) == workers  # the flow left a cluster it did not start running
+    wait_for(lambda: not any(client.processing().values()), 10, "the cluster to be idle")
+
+    # The learner of a run is gone without writing STOP (as after a SIGKILL): the test plays
+    # the learner with the real heartbeat, then stops beating; the generator on the cluster
+    # must end by itself within loop.heartbeat_timeout. Then a generator gives way to a newer
+    # copy of itself, and to a newer learner session.
+    run_dir = root / "dask-ext"
+    control = AsyncDir.of(run_dir)
+    control.reset()
+    cfg = _saved_config(run_dir)
+    cfg["loop"]["heartbeat_timeout"] = 2.0
+    with Heartbeat(control, 2.0) as heartbeat:
+        future = client.submit(generator_worker, cfg, "dask-ext", 0, None, heartbeat.session, pure=False)
+        wait_for(lambda: control.ready() == 1, 60, "the generator to be ready")
+        time.sleep(3.0)
+        assert not future.done()  # alive past the timeout while the learner beats
+        stopped_beating = time.monotonic()
+    final = future.result(timeout=30)
+    assert final["stop_reason"].startswith("no learner heartbeat"), final
+    assert 1.0 <= time.monotonic() - stopped_beating < 20
+    assert not control.stopped()  # it was the heartbeat, not the STOP flag
+
+    control.reset()
+    with Heartbeat(control, 60.0) as heartbeat:
+        future = client.submit(generator_worker, cfg, "dask-ext", 0, None, heartbeat.session, pure=False)
+        wait_for(lambda: control.ready() == 1, 60, "the generator to be ready")
+        control.claim(0)  # as a copy of generator 0 that Dask restarted elsewhere does
+        final = future.result(timeout=60)
+    assert final["stop_reason"].startswith("another copy of generator 0 took over"), final
+
+    control.reset()
+    with Heartbeat(control, 60.0):  # a learner whose session is not the generator's
+        future = client.submit(generator_worker, cfg, "dask-ext", 0, None, "an-older-learner", pure=False)
+        final = future.result(timeout=60)
+    assert final["stop_reason"].startswith("another learner took over"), final
+
+
+def _saved_config(run_dir: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    cfg["run_id"] = run_dir.name
+    return cfg
+
+
+@pytest.mark.slow
+def test_a_generator_killed_mid_run_fails_the_flow_with_its_error(root, cluster):
+    address, client, _ = cluster
+    worker_processes(client)
+    proc = start(root, "dask-crash", 500, f"loop.dask_address={address}")
+    try:
+        stats = wait_for(lambda: (s := read_stats(root, "dask-crash", 0)).get("batches", 0) >= 2 and s, 180,
+                         "the generator's first batches", proc)
+        os.kill(stats["pid"], signal.SIGKILL)  # the Dask worker process running the generator dies
+        out = finish(proc, timeout=120)
+    finally:
+        if proc.poll() is None:
+            stop_session(proc.pid)
+    assert proc.returncode == 1, out[-4000:]
+    assert "generator worker 0 of dask-crash failed on " + stats["dask_worker"] in out
+    assert "KilledWorker" in out  # the generator's own error, not only "no generator alive"
+    tasks, flow_state, message = prefect_states(root, "dask-crash")
+    assert tasks == {"generator-0": "FAILED"} and flow_state == "FAILED"
+    assert "generator worker 0 of dask-crash failed" in message and "KilledWorker" in message, message
+    assert_no_leftovers(proc.pid)
+
+
+@pytest.mark.slow
+def test_an_unreachable_scheduler_fails_the_command_before_any_work(tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")}
+    proc = subprocess.run(command(tmp_path, "dask-none", 3, f"loop.dask_address={address}"), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"loop.dask_address={address}: cannot connect" in proc.stderr
+    assert "dask scheduler" in proc.stderr and "dask worker" in proc.stderr  # says how to fix it
+    assert not (tmp_path / "dask-none").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_listener_that_is_not_a_dask_scheduler_is_refused():
+    with socket.socket() as server:  # accepts the TCP connection, never speaks Dask
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        with pytest.raises(ConfigError, match=r"no Dask scheduler answered within 2 s"):
+            check_dask_scheduler(address, timeout=2.0)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["loop=async", "loop.engine=ray"], "loop.engine='ray' is not one of ['local', 'dask']"),
+    (["loop.engine=dask"], "add loop=async"),
+    (["loop=async", "loop.dask_address=tcp://10.0.0.5:8786"], "only used with loop.engine=dask"),
+    (["loop=async", "loop.engine=dask", "loop.dask_address=10.0.0.5"], "is not a Dask scheduler address"),
+    (["loop=async", "loop.heartbeat_timeout=0.5"], "loop.heartbeat_timeout=0.5 must be >= 1 second"),
+])
+def test_engine_settings_are_validated(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    assert message in str(info.value)
+
+
+def test_the_dask_engine_without_dask_installed_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "distributed" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'dask\[distributed\]'"):
+        load_config(["loop=async", "loop.engine=dask"])
+    assert load_config(["loop=async"]).loop.engine == "local"  # the default engine needs no Dask
