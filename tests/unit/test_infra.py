@@ -1,0 +1,90 @@
+"""The deployment files (infra/) name flows and flags that exist, and the deploy and sweep
+commands refuse bad input before anything is registered or trained."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from flows.deploy import ENTRYPOINTS
+from replay_pipeline.config import ConfigError
+from tests.conftest import ROOT
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((ROOT / "infra" / name).read_text())
+
+
+def test_prefect_yaml_declares_the_three_flows_at_real_entrypoints():
+    spec = load("prefect.yaml")
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    assert set(deployments) == {"train", "evaluate", "sweep"}
+    for name, d in deployments.items():
+        assert d["entrypoint"] == ENTRYPOINTS[name]
+        path, func = d["entrypoint"].split(":")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        flow = getattr(module, func)
+        assert flow.name == name  # a Prefect flow of that name
+        assert set(d.get("parameters", {})) <= set(flow.parameters.properties)
+
+
+def test_compose_runs_the_servers_and_a_deploy_command_the_cli_accepts():
+    spec = load("compose.yaml")
+    services = spec["services"]
+    assert {"prefect-server", "mlflow", "minio", "worker", "deploy"} <= set(services)
+    command = shlex.split(services["deploy"]["command"])
+    assert command[:3] == ["python", "-m", "flows.deploy"]
+    from flows.deploy import main
+
+    with pytest.raises(SystemExit) as exc:  # argparse accepts every flag, then --help exits 0
+        main(command[3:] + ["--help"])
+    assert exc.value.code == 0
+    assert "prefect worker start --pool replay-pipeline" in services["worker"]["command"]
+    assert (ROOT / "infra" / "Dockerfile").is_file()
+
+
+def test_deploy_refuses_to_run_without_a_prefect_server():
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.run([sys.executable, "-m", "flows.deploy"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "PREFECT_API_URL is not set" in proc.stderr
+
+
+@pytest.mark.parametrize("configs,seeds,overrides,message", [
+    ({}, [0], [], "no configurations"),
+    ({"a": []}, [], [], "no seeds"),
+    ({"a": []}, [1, 1], [], "seeds repeat"),
+    ({"bad name": []}, [0], [], "letters, digits"),
+    ({"a": []}, [0], ["seed=3"], "sets seed and run_id itself"),
+    ({"a": ["loop.steps=5"], "b": ["buffer.capacity=-1"]}, [0], [], "configuration 'b'"),
+    ({"a": ["algo.nope=1"]}, [0], [], "configuration 'a'"),
+])
+def test_sweep_plan_refuses_bad_input_naming_it(configs, seeds, overrides, message):
+    from flows.sweep import plan
+
+    with pytest.raises(ConfigError, match=message):
+        plan(configs, seeds, overrides, "s", "x")
+
+
+def test_sweep_plan_gives_every_child_its_seed_and_run_id():
+    from flows.sweep import plan
+
+    children = plan({"a": ["buffer.capacity=64"], "b": []}, [0, 3], ["loop.steps=5"], "s", "x1")
+    assert [(c.config, c.seed, c.run_id) for c in children] == [
+        ("a", 0, "s-a-s0-x1"), ("a", 3, "s-a-s3-x1"), ("b", 0, "s-b-s0-x1"), ("b", 3, "s-b-s3-x1")]
+    assert children[0].overrides == ["loop.steps=5", "buffer.capacity=64", "seed=0", "run_id=s-a-s0-x1"]
+
+
+def test_sweep_cli_exits_2_before_any_work(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "flows.sweep", "--config", "a=buffer.capacity=0",
+                           f"tracking.root_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "configuration 'a'" in proc.stderr
+    assert not any(tmp_path.iterdir())
