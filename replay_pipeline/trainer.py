@@ -393,29 +393,27 @@ class TrainingRun:
         append adds nothing."""
         start = time.perf_counter()
         self.writes.wait()  # the previous round's usage records (raises if that write failed)
-        if step > self.stored_through:
-            rows = self.store.prepare(table, known_new=True)
-            inserted = 0 if rows is None else rows.num_rows
-            if rows is not None:
-                self.window_end = int(rows.column("seq")[-1].as_py()) + 1
-                if self.cache is not None:
-                    self.cache.appended(rows)
-            self.writes.submit(lambda: self._commit_rollouts(rows, table, step))
-            compact_seconds = float("nan")  # reported by learn() once the write is done
+        fresh = step > self.stored_through
+        if fresh:
+            stored = self.store.prepare(table, known_new=True)
+            if stored is not None:
+                self.window_end = int(stored.column("seq")[-1].as_py()) + 1
+            self.writes.submit(lambda: self._commit_rollouts(stored, table, step))
         else:
-            inserted = _retry(lambda attempt: self.store.append(table))
+            _retry(lambda attempt: self.store.append(table))
+            stored = self.store.last_appended
             # The buffer as of this step: everything, unless rows of later steps are stored already.
             self.window_end = self.store.seq_end(step) if step < self.stored_through else self.store.count()
-            if self.cache is not None and self.store.last_appended is not None:
-                self.cache.appended(self.store.last_appended)
             faults.crash_point("after_append", step)
-            compact_seconds = self.compact_if_due(step)
-            self.ledger.add(other_seconds=compact_seconds)
+        if self.cache is not None and stored is not None:
+            self.cache.appended(stored)
         seconds = time.perf_counter() - start
-        self.ledger.add(other_seconds=seconds)
-        out = {"buffer/appended": float(inserted), "buffer/total_rows": float(self.window_end),
-               "buffer/append_seconds": seconds}
-        return out if compact_seconds != compact_seconds else out | {"buffer/compact_seconds": compact_seconds}
+        out = {"buffer/appended": float(0 if stored is None else stored.num_rows),
+               "buffer/total_rows": float(self.window_end), "buffer/append_seconds": seconds}
+        if not fresh:  # a fresh step's compaction runs behind the learner; learn() reports it
+            out["buffer/compact_seconds"] = self.compact_if_due(step)
+        self.ledger.add(other_seconds=seconds + out.get("buffer/compact_seconds", 0.0))
+        return out
 
     def _commit_rollouts(self, rows: pa.Table | None, table: pa.Table, step: int) -> float:
         """The writer thread's half of a fresh step's append (retried through the idempotent
@@ -737,11 +735,18 @@ class TrainingRun:
         values = self.history.get(key)
         return values[-1][1] if values else default
 
-    def summary(self, status: str = "FINISHED") -> dict[str, Any]:
+    def _settle_writes(self, close: bool = False) -> bool:
+        """Wait for the table write in flight (and stop the writer thread if `close`); False,
+        with a warning, if it failed: at the end of a run, which then ends FAILED."""
         try:
-            self.writes.wait()  # the counts below include the last round's writes
-        except Exception as exc:  # raised by the checkpoint already, or the run fails in finish()
+            self.writes.close() if close else self.writes.wait()
+            return True
+        except Exception as exc:  # the checkpoint raised it already, or the run fails now
             warnings.warn(f"the last table write of {self.run_id} failed: {exc!r}")
+            return False
+
+    def summary(self, status: str = "FINISHED") -> dict[str, Any]:
+        self._settle_writes()  # the counts below include the last round's writes
         return _summary(self, status)
 
     def log_final_model(self) -> None:
@@ -753,12 +758,8 @@ class TrainingRun:
             self.tracker.log_artifacts(done[-1] / "model", "model")
 
     def finish(self, status: str = "FINISHED") -> None:
-        try:
-            self.writes.close()
-        except Exception as exc:  # the run already failed, or fails now: say why, finish anyway
-            warnings.warn(f"the last table write of {self.run_id} failed: {exc!r}")
-            if status == "FINISHED":
-                status = "FAILED"
+        if not self._settle_writes(close=True) and status == "FINISHED":
+            status = "FAILED"
         if self.weights is not None:
             self.weights.flush()
         self.tracker.finish(status)

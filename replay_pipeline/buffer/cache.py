@@ -65,10 +65,6 @@ class WindowCache:
         self.fragments: set[int] = set()
         self.hits = self.misses = 0
 
-    @property
-    def valid(self) -> bool:
-        return self.rows is not None
-
     def invalidate(self) -> None:
         self.rows = None
 
