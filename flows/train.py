@@ -110,7 +110,7 @@ def _due(every: int, done: int, total: int) -> bool:
 def _end_of_round(run: TrainingRun, step: int, metrics: dict[str, float], progress: Progress) -> None:
     """Log a round's metrics with the compute ledger (one MLflow call), then evaluate and
     checkpoint when due (timed as scheduled extras, outside the overhead figure)."""
-    loop = run.cfg.loop
+    loop = run.settings.loop
     run.log(step, metrics | run.compute_metrics())  # before the checkpoint that covers this step
     done = step + 1
     extras = time.perf_counter()

@@ -50,14 +50,14 @@ from replay_pipeline.buffer.writer import WriteBehind
 from replay_pipeline.buffer.sampling import SamplingRules, WindowInfo, draw, window_for
 from replay_pipeline.buffer.lance_table import sql_str
 from replay_pipeline.buffer.store import META_COLUMNS
-from replay_pipeline.buffer.usage import UsageStore, make_usage_id
-from replay_pipeline.buffer.schema import make_rollout_id, rows_to_table
+from replay_pipeline.buffer.usage import USAGE_SCHEMA, UsageStore, make_usage_ids
+from replay_pipeline.buffer.schema import columns_to_table, make_rollout_id
 from replay_pipeline import faults
 from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoint_name, checkpoint_step,
                                          latest_valid, list_checkpoints, load_optimizer_state,
                                          remove_partial, restore_rng, save_checkpoint)
 from replay_pipeline.compute import ComputeLedger
-from replay_pipeline.config import flatten
+from replay_pipeline.config import Config, flatten
 from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
 from replay_pipeline.generation import Sample, TransformersGenerator
 from replay_pipeline.learner import Learner
@@ -149,6 +149,13 @@ class TrainingRun:
     """The in-memory mirror of the live window (buffer.read_cache; None: read the table)."""
     writes: WriteBehind = field(default_factory=WriteBehind, repr=False)
     """Table writes behind the learner (buffer.write_behind); `flush_writes()` waits for them."""
+    settings: Any = field(default=None, repr=False)
+    """`cfg` as plain dataclasses (replay_pipeline.config.Config), for the per-round code: an
+    attribute of an OmegaConf node costs ~40 us, and a round read about forty of them."""
+
+    def __post_init__(self) -> None:
+        if self.settings is None:
+            self.settings = OmegaConf.to_object(self.cfg)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -323,17 +330,17 @@ class TrainingRun:
 
     @property
     def rollouts_per_step(self) -> int:
-        return self.cfg.loop.prompts_per_step * self.cfg.loop.group_size
+        return self.settings.loop.prompts_per_step * self.settings.loop.group_size
 
     # ------------------------------------------------------------------ phases
     def generate(self, step: int) -> GeneratedBatch:
         """Sample G completions for each of this step's prompts with the published policy."""
         if step <= self.stored_through:
-            prompts, seed = step_prompts(self.task, self.cfg, step)
+            prompts, seed = step_prompts(self.task, self.settings, step)
             stored = self._stored_batch(step, seed, prompts)
             if stored is not None:
                 return stored
-        return generate_batch(self.task, self.generator, self.cfg, step)
+        return generate_batch(self.task, self.generator, self.settings, step)
 
     def _stored_batch(self, step: int, seed: int, prompts: list[Prompt]) -> GeneratedBatch | None:
         """This step's rollouts as stored by a process that stopped after its last checkpoint
@@ -371,7 +378,7 @@ class TrainingRun:
         A reward that raises or is not finite scores 0.0 and is flagged (scoring.safe_reward):
         the reason goes to the row's `reward_error` (null otherwise), the count to
         `score/flagged`, and one warning per step to the `replay_pipeline.scoring` logger."""
-        table, metrics = score_batch(self.task, batch, self.run_id, self.cfg.loop.group_size)
+        table, metrics = score_batch(self.task, batch, self.run_id, self.settings.loop.group_size)
         tokens = float(metrics["generate/tokens"])
         if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
             self.ledger.add(gen_tokens=tokens)
@@ -395,10 +402,13 @@ class TrainingRun:
         self.writes.wait()  # the previous round's usage records (raises if that write failed)
         fresh = step > self.stored_through
         if fresh:
-            stored = self.store.prepare(table, known_new=True)
+            # The sync loop is the table's only writer: its rows are numbered from the count it
+            # tracks (window_end); the writer thread checks that count before committing.
+            count = self.window_end if self.control is None else None
+            stored = self.store.prepare(table, known_new=True, start=count)
             if stored is not None:
                 self.window_end = int(stored.column("seq")[-1].as_py()) + 1
-            self.writes.submit(lambda: self._commit_rollouts(stored, table, step))
+            self.writes.submit(lambda: self._commit_rollouts(stored, table, step, count))
         else:
             _retry(lambda attempt: self.store.append(table))
             stored = self.store.last_appended
@@ -415,11 +425,12 @@ class TrainingRun:
         self.ledger.add(other_seconds=seconds + out.get("buffer/compact_seconds", 0.0))
         return out
 
-    def _commit_rollouts(self, rows: pa.Table | None, table: pa.Table, step: int) -> float:
+    def _commit_rollouts(self, rows: pa.Table | None, table: pa.Table, step: int, count: int | None) -> float:
         """The writer thread's half of a fresh step's append (retried through the idempotent
         append); then the compaction when due. Returns the compaction's seconds."""
         if rows is not None:
-            _retry(lambda attempt: self.store.insert(rows) if attempt == 0 else self.store.append(table))
+            _retry(lambda attempt: self.store.insert(rows, expect_count=count) if attempt == 0
+                   else self.store.append(table))
         faults.crash_point("after_append", step)
         return self.compact_if_due(step)
 
@@ -431,7 +442,7 @@ class TrainingRun:
     def compact_if_due(self, step: int) -> float:
         """Compact both tables every buffer.compact_every rounds (async loop: every
         buffer.compact_every appends, as every generator batch is one); returns the seconds."""
-        every = self.cfg.buffer.compact_every
+        every = self.settings.buffer.compact_every
         if not every:
             return 0.0
         if self.control is not None:
@@ -471,7 +482,7 @@ class TrainingRun:
         """Read the window's light columns and the usage counts, let the strategy choose,
         then read only the chosen rows' token data."""
         start = time.perf_counter()
-        b, loop = self.cfg.buffer, self.cfg.loop
+        b, loop = self.settings.buffer, self.settings.loop
         size = window_for(b.strategy, b.capacity, self.rollouts_per_step)
         before = self._usage_bound(self.learner.steps)
         mirrored = self._mirrored_window(size) if before is None and b.positive_bias == 0 else None
@@ -497,7 +508,7 @@ class TrainingRun:
             advantage=meta.column("advantage").to_numpy(),
             reuse_count=np.asarray([counts.get(int(q), 0) for q in seqs], dtype=np.int64),
             current_version=self.policy_version)
-        rng = np.random.default_rng(step_seed(self.cfg.seed, step, _SAMPLER))
+        rng = np.random.default_rng(step_seed(self.settings.seed, step, _SAMPLER))
         picks = draw(b.strategy, info, loop.minibatch_size, loop.updates_per_step, rng,
                      sampling_rules(b))
         picks = [p for p in picks if len(p)]  # eligibility ran out: skip, and say so below
@@ -547,8 +558,8 @@ class TrainingRun:
         train_seconds = time.perf_counter() - start
         record_start = time.perf_counter()
         compacted = self.writes.wait()  # the rollouts these records name are stored first
-        used = usage_rows(self.run_id, step, first_learner_step, self.policy_version, minibatches)
-        metrics = self.usage_metrics(used) if used else {}
+        used = usage_table(self.run_id, step, first_learner_step, self.policy_version, minibatches)
+        metrics = self.usage_metrics(used) if used.num_rows else {}
         publish_start = time.perf_counter()
         self.policy_version += 1
         if self.generator.shares_weights:  # the optimizer's in-place update is already there
@@ -577,12 +588,14 @@ class TrainingRun:
                         other_seconds=publish_seconds + publish_start - record_start)
         return metrics
 
-    def usage_metrics(self, used: list[dict[str, Any]]) -> dict[str, float]:
+    def usage_metrics(self, used: pa.Table) -> dict[str, float]:
         """Record this round's uses, then derive reuse, staleness and steps-since-last-use
         from the usage table (durable records, not counters kept in memory): the records
         before this round, read once by sample() (or here), plus this round's own."""
-        seqs = sorted({u["rollout_seq"] for u in used})
-        first = min(u["learner_step"] for u in used)
+        used_seq = used.column("rollout_seq").to_pylist()
+        used_step = used.column("learner_step").to_pylist()
+        seqs = sorted(set(used_seq))
+        first = min(used_step)
         cached = self._window_usage
         if cached is not None and cached[0] == first:  # read by sample() for this learner step
             _, counts, previous, total = cached
@@ -601,15 +614,14 @@ class TrainingRun:
         if self.cache is not None:
             self.cache.used(used)
         since, last = [], dict(previous)
-        for u in used:  # rows are in learner-step order
-            q = u["rollout_seq"]
-            if q in last and last[q] < u["learner_step"]:
-                since.append(u["learner_step"] - last[q])
-            last[q] = u["learner_step"]
-        staleness = np.asarray([u["staleness"] for u in used], dtype=np.float64)
-        this_round = Counter(u["rollout_seq"] for u in used)
+        for q, ls in zip(used_seq, used_step):  # rows are in learner-step order
+            if q in last and last[q] < ls:
+                since.append(ls - last[q])
+            last[q] = ls
+        staleness = used.column("staleness").to_numpy().astype(np.float64)
+        this_round = Counter(used_seq)
         uses_of_used = np.asarray([counts.get(q, 0) + this_round[q] for q in seqs], dtype=np.float64)
-        total_uses = total + len(used)
+        total_uses = total + used.num_rows
         return {
             "buffer/staleness_mean": float(staleness.mean()),
             "buffer/staleness_max": float(staleness.max()),
@@ -765,14 +777,14 @@ class TrainingRun:
         self.tracker.finish(status)
 
 
-def step_prompts(task, cfg: DictConfig, step: int, worker: int | None = None) -> tuple[list[Prompt], int]:
+def step_prompts(task, cfg: DictConfig | Config, step: int, worker: int | None = None) -> tuple[list[Prompt], int]:
     """This step's prompts and generation seed (a pure function of seed, step and worker)."""
     rng = np.random.default_rng(step_seed(cfg.seed, step, _PROMPTS, worker))
     prompts = list(task.train_prompts(cfg.loop.prompts_per_step, rng))
     return prompts, step_seed(cfg.seed, step, _GENERATE, worker)
 
 
-def generate_batch(task, generator, cfg: DictConfig, step: int, worker: int | None = None) -> GeneratedBatch:
+def generate_batch(task, generator, cfg: DictConfig | Config, step: int, worker: int | None = None) -> GeneratedBatch:
     """Sample G completions for each of this step's prompts with the generator's policy."""
     prompts, seed = step_prompts(task, cfg, step, worker)
     start = time.perf_counter()
@@ -797,26 +809,25 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
     flagged = warn_flagged(batch.step, errors)
     advantages = group_advantages(rewards, g)
     group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
-    created = datetime.now(timezone.utc)
-    rows = []
-    i = 0
-    for gi, (prompt, group) in enumerate(zip(batch.prompts, batch.samples)):
-        group_id = make_rollout_id(run_id, batch.step, gi, 0, worker).rsplit("/", 1)[0]
-        for si, s in enumerate(group):
-            rows.append({
-                "rollout_id": make_rollout_id(run_id, batch.step, gi, si, worker), "worker": worker,
-                "run_id": run_id, "policy_version": batch.policy_version,
-                "step": batch.step, "prompt_id": prompt.prompt_id, "group_id": group_id,
-                "sample_index": si, "prompt": prompt.text, "completion": s.text,
-                "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
-                "behaviour_logprobs": s.logprobs, "reward": rewards[i],
-                "reward_error": errors[i], "correct": rewards[i] > 0, "advantage": float(advantages[i]),
-                "group_reward_mean": float(group_means[gi]),
-                "finish_reason": s.finish_reason, "num_tokens": len(s.completion_ids),
-                "seed": batch.seed, "created_at": created,
-            })
-            i += 1
-    table = rows_to_table(rows)
+    samples = [s for group in batch.samples for s in group]
+    g_index = [gi for gi, group in enumerate(batch.samples) for _ in group]
+    ids = [make_rollout_id(run_id, batch.step, gi, si, worker)
+           for gi, group in enumerate(batch.samples) for si in range(len(group))]
+    group_ids = [make_rollout_id(run_id, batch.step, gi, 0, worker).rsplit("/", 1)[0]
+                 for gi in range(len(batch.samples))]
+    table = columns_to_table({
+        "rollout_id": ids, "worker": worker, "run_id": run_id, "policy_version": batch.policy_version,
+        "step": batch.step, "prompt_id": [batch.prompts[gi].prompt_id for gi in g_index],
+        "group_id": [group_ids[gi] for gi in g_index],
+        "sample_index": [si for group in batch.samples for si in range(len(group))],
+        "prompt": [batch.prompts[gi].text for gi in g_index], "completion": [s.text for s in samples],
+        "prompt_ids": [s.prompt_ids for s in samples], "completion_ids": [s.completion_ids for s in samples],
+        "behaviour_logprobs": [s.logprobs for s in samples], "reward": rewards, "reward_error": errors,
+        "correct": [r > 0 for r in rewards], "advantage": np.asarray(advantages, dtype=np.float64),
+        "group_reward_mean": group_means[g_index], "finish_reason": [s.finish_reason for s in samples],
+        "num_tokens": [len(s.completion_ids) for s in samples], "seed": batch.seed,
+        "created_at": datetime.now(timezone.utc),
+    }, len(samples))
     r = np.asarray(rewards, dtype=np.float64)
     groups = r.reshape(-1, g)
     lengths = np.asarray([len(s.completion_ids) for grp in batch.samples for s in grp])
@@ -967,23 +978,23 @@ def sampling_rules(buffer_cfg) -> SamplingRules:
                          priority_alpha=buffer_cfg.priority_alpha)
 
 
-def usage_rows(run_id: str, step: int, first_learner_step: int, policy_version: int,
-               minibatches: list[dict[str, list]]) -> list[dict[str, Any]]:
-    """One usage record per row of every minibatch of this round (rows of the usage table)."""
-    now = datetime.now(timezone.utc)
-    rows = []
-    for k, mb in enumerate(minibatches):
-        learner_step = first_learner_step + k
-        for position, (rid, seq, version, rstep) in enumerate(
-                zip(mb["rollout_id"], mb["seq"], mb["policy_version"], mb["step"])):
-            rows.append({
-                "usage_id": make_usage_id(run_id, learner_step, position), "run_id": run_id,
-                "learner_step": learner_step, "step": step, "position": position,
-                "rollout_id": rid, "rollout_seq": seq, "rollout_step": rstep,
-                "rollout_policy_version": version, "policy_version": policy_version,
-                "staleness": policy_version - version, "created_at": now,
-            })
-    return rows
+def usage_table(run_id: str, step: int, first_learner_step: int, policy_version: int,
+                minibatches: list[dict[str, list]]) -> pa.Table:
+    """One usage record per row of every minibatch of this round (rows of the usage table),
+    built column by column."""
+    sizes = [len(mb["rollout_id"]) for mb in minibatches]
+    learner_steps = np.repeat(np.arange(first_learner_step, first_learner_step + len(sizes), dtype=np.int64), sizes)
+    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if sizes else np.zeros(0, np.int64)
+    versions = np.asarray([v for mb in minibatches for v in mb["policy_version"]], dtype=np.int64)
+    return columns_to_table({
+        "usage_id": make_usage_ids(run_id, learner_steps, positions),
+        "run_id": run_id, "learner_step": learner_steps, "step": step, "position": positions.astype(np.int32),
+        "rollout_id": [r for mb in minibatches for r in mb["rollout_id"]],
+        "rollout_seq": [q for mb in minibatches for q in mb["seq"]],
+        "rollout_step": [t for mb in minibatches for t in mb["step"]],
+        "rollout_policy_version": versions, "policy_version": policy_version,
+        "staleness": policy_version - versions, "created_at": datetime.now(timezone.utc),
+    }, int(sum(sizes)), USAGE_SCHEMA, noun="usage")
 
 
 def _quiet_transformers() -> None:

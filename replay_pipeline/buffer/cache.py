@@ -32,8 +32,7 @@ compactions); served from the mirror they take well under a millisecond.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +57,6 @@ class WindowCache:
         self.shared = shared
         self.rows: pa.Table | None = None  # sorted by (seq, rollout_id)
         self.lo = self.hi = 0
-        self.ids: set[str] = set()
         self.counts: dict[int, int] = {}
         self.last: dict[int, int] = {}
         self.total = 0
@@ -78,7 +76,6 @@ class WindowCache:
         self.fragments = {f.fragment_id for f in ds.get_fragments()} if self.shared else set()
         self.rows = rows.sort_by([(c, "ascending") for c in RolloutStore.ORDER])
         self.lo, self.hi = lo, int(end)
-        self.ids = set(self.rows.column("rollout_id").to_pylist())
         self.counts, self.last = self.usage.uses(lo, int(end) - 1) if end > lo else ({}, {})
         self.total = self.usage.count()
 
@@ -106,39 +103,41 @@ class WindowCache:
         # One scan over the new fragments (a scan per fragment costs several times more).
         rows = ds.scanner(columns=self.columns, fragments=new, filter=f"seq >= {self.lo}").to_table()
         if rows.num_rows:
-            rows = rows.filter(pc.invert(pc.is_in(rows.column("rollout_id"), value_set=pa.array(list(self.ids), pa.string()))))
+            held = self.rows.column("rollout_id").combine_chunks()
+            rows = rows.filter(pc.invert(pc.is_in(rows.column("rollout_id"), value_set=held)))
         if rows.num_rows:
             self._merge(rows)
 
     def _merge(self, rows: pa.Table) -> None:
         order = [(c, "ascending") for c in RolloutStore.ORDER]
-        rows = rows.cast(self.rows.schema).sort_by(order)
+        if not rows.schema.equals(self.rows.schema):
+            rows = rows.cast(self.rows.schema)
+        seq = rows.column("seq").to_numpy()
+        if len(seq) > 1 and not (np.diff(seq) > 0).all():  # own appends are numbered in order already
+            rows = rows.sort_by(order)
         in_order = self.rows.num_rows == 0 or rows.column("seq")[0].as_py() > self.rows.column("seq")[-1].as_py()
         table = pa.concat_tables([self.rows, rows])
         # The sync loop's own appends come after every mirrored row: no re-sort of the mirror.
         self.rows = table if in_order else table.sort_by(order)
-        self.ids.update(rows.column("rollout_id").to_pylist())
         self.hi = max(self.hi, int(pc.max(rows.column("seq")).as_py()) + 1)
         lo = self.hi - self.keep
         if lo > self.lo:
             first = int(np.searchsorted(self.rows.column("seq").to_numpy(), lo, side="left"))
             if first:
-                self.ids.difference_update(self.rows.column("rollout_id").slice(0, first).to_pylist())
                 self.rows = self.rows.slice(first)
             self.counts = {q: c for q, c in self.counts.items() if q >= lo}
             self.last = {q: s for q, s in self.last.items() if q >= lo}
             self.lo = lo
 
-    def used(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Usage records that were just committed (rows of the usage table)."""
+    def used(self, records: pa.Table) -> None:
+        """Usage records that were just committed (a table in the usage table's schema)."""
         if self.rows is None:
             return
-        for r in records:
-            q = int(r["rollout_seq"])
-            self.total += 1
+        self.total += records.num_rows
+        for q, step in zip(records.column("rollout_seq").to_pylist(), records.column("learner_step").to_pylist()):
             if q >= self.lo:
                 self.counts[q] = self.counts.get(q, 0) + 1
-                self.last[q] = max(self.last.get(q, -1), int(r["learner_step"]))
+                self.last[q] = max(self.last.get(q, -1), step)
 
     # ------------------------------------------------------------------ reading
     def window(self, size: int, end: int) -> tuple[pa.Table, dict[int, int], dict[int, int], int] | None:

@@ -450,7 +450,10 @@ class LanceTable:
                 return rows_to_table(list(data), self.SCHEMA, assigned=self.ASSIGNED, noun=self.KIND)
             except SchemaMismatch as exc:
                 raise StoreError(f"{refused}: {exc}") from exc
-        problems = schema_mismatches(data.schema, expected=self.SCHEMA, optional=self.ASSIGNED)
+        if data.schema.equals(self.SCHEMA):  # built in the schema already (the training loop's batches)
+            problems = []
+        else:
+            problems = schema_mismatches(data.schema, expected=self.SCHEMA, optional=self.ASSIGNED)
         if problems:
             raise StoreError(
                 f"{refused}: the batch does not match {self.SCHEMA_NAME}: " + "; ".join(problems)
@@ -464,7 +467,7 @@ class LanceTable:
                     f"{refused}: the batch has {column} values, but {column} is assigned by the "
                     f"store; drop the column or leave it null"
                 )
-        return data.select(self.SCHEMA.names).cast(self.SCHEMA)
+        return data if data.schema.equals(self.SCHEMA) else data.select(self.SCHEMA.names).cast(self.SCHEMA)
 
     def _check_batch(self, data: pa.Table) -> None:
         refused = f"cannot append to {self.table_name!r}"
@@ -497,8 +500,9 @@ class LanceTable:
             hits = pa.chunked_array([c for f in found for c in f.chunks], pa.string())
         return pc.filter(hits, pc.is_in(hits, value_set=ids)).combine_chunks()
 
-    def _assign(self, data: pa.Table) -> pa.Table:
-        """Fill in the ``ASSIGNED`` columns of the rows about to be inserted (none by default)."""
+    def _assign(self, data: pa.Table, start: int | None = None) -> pa.Table:
+        """Fill in the ``ASSIGNED`` columns of the rows about to be inserted (none by default);
+        ``start``: the number of rows stored, if the caller knows it (see :meth:`prepare`)."""
         return data
 
     def _append(self, data: Any, known_new: bool = False) -> int:
@@ -508,7 +512,7 @@ class LanceTable:
         prepared = self.prepare(data, known_new=known_new)
         return 0 if prepared is None else self.insert(prepared)
 
-    def prepare(self, data: Any, known_new: bool = False) -> pa.Table | None:
+    def prepare(self, data: Any, known_new: bool = False, start: int | None = None) -> pa.Table | None:
         """The first half of an append: validate the batch (raising :class:`StoreError` as the
         append would), drop the rows whose id is stored (unless ``known_new``) and fill in the
         assigned columns; returns the rows exactly as :meth:`insert` will store them, or None
@@ -517,6 +521,8 @@ class LanceTable:
         For a single writer that wants the assigned values before the write is done (the
         training loop writes behind its learner steps): assigned values (``seq``) are computed
         from the rows stored now, so no other append may come between this and :meth:`insert`.
+        ``start``, the number of rows the table holds, saves counting them (about 2 ms); pass
+        the same number to :meth:`insert` as ``expect_count``, which checks it before writing.
         """
         data = self._to_input_table(data)
         if data.num_rows == 0:
@@ -527,12 +533,20 @@ class LanceTable:
             data = data.filter(pc.invert(pc.is_in(data.column(self.ID_COLUMN), value_set=stored)))
             if data.num_rows == 0:
                 return None
-        return self._assign(data)
+        return self._assign(data, start)
 
-    def insert(self, prepared: pa.Table) -> int:
+    def insert(self, prepared: pa.Table, expect_count: int | None = None) -> int:
         """The second half of an append: commit rows returned by :meth:`prepare` (one new
         fragment); returns the rows inserted. A retry after an unknown outcome must go through
-        the idempotent append (or :meth:`prepare` again), not repeat this."""
+        the idempotent append (or :meth:`prepare` again), not repeat this.
+
+        ``expect_count``: the row count :meth:`prepare` numbered the rows from; if the table
+        holds another number (another writer appended in between) nothing is written and
+        :class:`StoreError` says so."""
+        if expect_count is not None and (held := self.count()) != expect_count:
+            raise StoreError(f"cannot append to {self.table_name!r}: the rows were numbered for a table of "
+                             f"{expect_count} rows, but it holds {held} (another writer appended in between); "
+                             "nothing was written: prepare them again")
         self._dataset().insert(prepared)
         self.last_appended = prepared
         return prepared.num_rows

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "OPTIONAL_INPUT_COLUMNS",
     "make_rollout_id",
     "rows_to_table",
+    "columns_to_table",
     "SchemaMismatch",
     "schema_mismatches",
 ]
@@ -163,16 +165,36 @@ def rows_to_table(
                 note = f" ({', '.join(by_store)} is assigned by the store)" if by_store else ""
                 parts.append(f"extra keys {extra}" + note)
             raise SchemaMismatch(f"{noun} row {i}: " + "; ".join(parts))
+    columns = {n: [row.get(n) for row in rows] for n in schema.names if n not in filled}
+    return columns_to_table(columns, len(rows), schema, noun=noun)
+
+
+def columns_to_table(columns: Mapping[str, Any], num_rows: int, schema: pa.Schema = ROLLOUT_SCHEMA, *,
+                     noun: str = "rollout") -> pa.Table:
+    """Build a table in ``schema`` from column values (lists, arrays or scalars repeated over
+    the ``num_rows`` rows); a column left out is all-null. Each value list is converted to its
+    field's type, and one that cannot be raises :class:`SchemaMismatch` naming the column.
+
+    The columnar path of :func:`rows_to_table`, for builders that already hold columns (the
+    training loop's scoring and usage records): no per-row dicts."""
+    unknown = sorted(set(columns) - set(schema.names))
+    if unknown:
+        raise SchemaMismatch(f"{noun} rows: unexpected columns {unknown}")
     arrays = []
     for field in schema:
-        if field.name in filled:
-            arrays.append(pa.nulls(len(rows), type=field.type))
+        values = columns.get(field.name)
+        if values is None:
+            arrays.append(pa.nulls(num_rows, type=field.type))
             continue
-        values = [row.get(field.name) for row in rows]
+        if not isinstance(values, (list, tuple, pa.Array, np.ndarray)):
+            values = [values] * num_rows
         try:
             arrays.append(pa.array(values, type=field.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise SchemaMismatch(
                 f"{noun} rows: column {field.name!r} cannot be converted to {field.type}: {exc}"
             ) from exc
+        if len(arrays[-1]) != num_rows:
+            raise SchemaMismatch(f"{noun} rows: column {field.name!r} has {len(arrays[-1])} values, "
+                                 f"expected {num_rows}")
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -95,8 +95,8 @@ class RolloutStore(LanceTable):
         """
         return self._append(table_or_rows, known_new=known_new)
 
-    def _assign(self, data: pa.Table) -> pa.Table:
-        start = self.count()
+    def _assign(self, data: pa.Table, start: int | None = None) -> pa.Table:
+        start = self.count() if start is None else int(start)
         seq = pa.array(np.arange(start, start + data.num_rows, dtype=np.int64))
         return data.set_column(ROLLOUT_SCHEMA.get_field_index("seq"), ROLLOUT_SCHEMA.field("seq"), seq)
 

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from .lance_table import LanceTable, StoreError, int_filter
 
-__all__ = ["USAGE_SCHEMA", "UsageStore", "make_usage_id"]
+__all__ = ["USAGE_SCHEMA", "UsageStore", "make_usage_id", "make_usage_ids"]
 
 USAGE_SCHEMA: pa.Schema = pa.schema(
     [
@@ -57,7 +57,19 @@ def make_usage_id(run_id: str, learner_step: int, position: int) -> str:
     for name, value in (("learner_step", learner_step), ("position", position)):
         if int(value) != value or value < 0:
             raise ValueError(f"make_usage_id: {name} must be a non-negative integer, got {value!r}")
-    return f"{run_id}/l{int(learner_step):08d}/p{int(position):05d}"
+    return _USAGE_ID.format(run_id, int(learner_step), int(position))
+
+
+_USAGE_ID = "{}/l{:08d}/p{:05d}"
+
+
+def make_usage_ids(run_id: str, learner_steps: Sequence[int], positions: Sequence[int]) -> list[str]:
+    """:func:`make_usage_id` for many records at once (the values are checked once, as arrays)."""
+    steps, pos = np.asarray(learner_steps), np.asarray(positions)
+    for name, values in (("learner_step", steps), ("position", pos)):
+        if values.size and (values.dtype.kind not in "iu" or values.min() < 0):
+            raise ValueError(f"make_usage_ids: {name} must be non-negative integers, got {values.tolist()[:5]}")
+    return [_USAGE_ID.format(run_id, s, p) for s, p in zip(steps.tolist(), pos.tolist())]
 
 
 class UsageStore(LanceTable):

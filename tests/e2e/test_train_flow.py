@@ -112,6 +112,11 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "summary.json", "checkpoints", "model"} <= artifacts
     assert metrics["buffer/replay_ratio"] == pytest.approx(2 * 16 / 16)
+    # Every timing is a real duration: none is negative or longer than the whole run.
+    wall = metrics["compute/wall_seconds"]
+    for key, value in metrics.items():
+        if key.endswith("_seconds"):
+            assert 0.0 <= value <= wall, (key, value, wall)
 
 
 def test_weights_changed_and_checkpoints_are_kept(finished_run):

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 from replay_pipeline.buffer import ROLLOUT_SCHEMA, RolloutStore, StoreError
-from replay_pipeline.buffer.schema import INPUT_COLUMNS, SchemaMismatch, make_rollout_id, rows_to_table
+from replay_pipeline.buffer.schema import (INPUT_COLUMNS, SchemaMismatch, columns_to_table, make_rollout_id,
+                                          rows_to_table)
 
 RUN = "run-a"
 
@@ -439,3 +440,30 @@ def test_positive_bias_window_with_too_few_correct_or_rows(store):
 def test_positive_bias_window_on_empty_table(store):
     assert store.positive_bias_window(8, 0.5).num_rows == 0
     assert store.positive_bias_window(8, 1.0, ["seq"]).num_rows == 0
+
+
+def test_prepare_with_a_known_count_and_a_checked_insert(store):
+    store.append(make_rows(0))
+    rows = store.prepare(make_rows(1), known_new=True, start=8)
+    assert rows.column("seq").to_pylist() == list(range(8, 16))
+    assert store.insert(rows, expect_count=8) == 8
+    # Numbered for a table of 16 rows while another writer made it 24: refused, nothing written.
+    stale = store.prepare(make_rows(2), known_new=True, start=16)
+    store.append(make_rows(3))
+    with pytest.raises(StoreError, match="numbered for a table of 16 rows, but it holds 24"):
+        store.insert(stale, expect_count=16)
+    assert store.count() == 24 and store.max_step() == 3
+
+
+def test_columns_to_table_matches_rows_to_table_and_names_bad_columns():
+    rows = make_rows(0)
+    columns = {k: [r[k] for r in rows] for k in rows[0]}
+    columns["run_id"] = RUN  # a scalar repeats over the rows
+    built = columns_to_table(columns, len(rows))
+    assert built.equals(rows_to_table(rows))
+    with pytest.raises(SchemaMismatch, match="unexpected columns \\['bogus'\\]"):
+        columns_to_table({**columns, "bogus": [1] * len(rows)}, len(rows))
+    with pytest.raises(SchemaMismatch, match="column 'reward' has 3 values, expected 8"):
+        columns_to_table({**columns, "reward": [0.0, 1.0, 0.0]}, len(rows))
+    with pytest.raises(SchemaMismatch, match="column 'step' cannot be converted"):
+        columns_to_table({**columns, "step": ["x"] * len(rows)}, len(rows))

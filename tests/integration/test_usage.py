@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from replay_pipeline.buffer import RolloutStore, StoreError
 from replay_pipeline.buffer.schema import rows_to_table
-from replay_pipeline.buffer.usage import USAGE_SCHEMA, UsageStore, make_usage_id
+from replay_pipeline.buffer.usage import USAGE_SCHEMA, UsageStore, make_usage_id, make_usage_ids
 
 RUN = "run-a"
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
@@ -40,6 +41,16 @@ def test_make_usage_id_is_deterministic_and_padded():
     assert make_usage_id("r1", 12, 3) == "r1/l00000012/p00003"
     with pytest.raises(ValueError, match="position"):
         make_usage_id("r1", 1, -1)
+
+
+def test_make_usage_ids_equals_one_id_at_a_time_and_checks_the_values():
+    assert make_usage_ids("r1", np.array([12, 12, 13]), np.array([0, 1, 0])) == [
+        make_usage_id("r1", 12, 0), make_usage_id("r1", 12, 1), make_usage_id("r1", 13, 0)]
+    assert make_usage_ids("r1", [], []) == []
+    with pytest.raises(ValueError, match="position must be non-negative integers"):
+        make_usage_ids("r1", [1, 2], [0, -1])
+    with pytest.raises(ValueError, match="learner_step must be non-negative integers"):
+        make_usage_ids("r1", [1.5], [0])
 
 
 def test_record_count_and_idempotent_retry(usage):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from replay_pipeline.buffer import RolloutStore, UsageStore
+from replay_pipeline.buffer.usage import USAGE_SCHEMA
 from replay_pipeline.buffer.cache import WindowCache
 from replay_pipeline.buffer.schema import rows_to_table
 from replay_pipeline.buffer.store import META_COLUMNS
@@ -105,7 +106,7 @@ def test_a_shared_mirror_follows_other_processes_appends_and_a_compaction(tmp_pa
              "created_at": pa.scalar(0, pa.timestamp("us", tz="UTC")).as_py()}
             for k, q in enumerate([20, 21, 21, 23])]
     usage.record(used)
-    cache.used(used)
+    cache.used(pa.Table.from_pylist(used, schema=USAGE_SCHEMA))
     _compare(cache, store, usage, 16)
     ctx = multiprocessing.get_context("spawn")  # fork can hang LanceDB
     procs = [ctx.Process(target=_writer, args=(uri, run_id, w, 5)) for w in range(2)]
