@@ -1,21 +1,34 @@
 """A sweep: named training configurations, each with several seeds, as child runs of one Prefect
-flow run and of one MLflow parent run.
+flow run and of one MLflow parent run; then a learning-rate stage and the report.
 
-    python -m flows.sweep                                      # no_buffer vs replay, seeds 0 and 1
-    python -m flows.sweep --seeds 0 1 2 3 loop.steps=200       # overrides shared by every child
-    python -m flows.sweep --config base=experiment=no_buffer \\
-        --config big=experiment=replay,buffer.capacity=512 --name capacity
+    python -m flows.sweep                                   # the default grid (GRIDS["default"], ~60 min)
+    python -m flows.sweep --quick                           # the quick grid (~10 min)
+    python -m flows.sweep --seeds 0,1,2,3 loop.steps=200    # overrides shared by every child
+    python -m flows.sweep --config base=experiment=no_buffer \
+        --config big=experiment=replay,buffer.capacity=512 --lr-factors 0.5,2 --name capacity
 
 Each child is the `train` flow run as a sub-flow (so the Prefect UI shows it under the sweep),
 with run id `<name>-<config>-s<seed>-<sweep id>` and `tracking.parent_run_id` set, so its MLflow
 run is nested under the sweep's parent run. Every child configuration is composed and
 validated before the first child starts; a bad one stops the sweep before any work (exit 2). A
 child that fails is recorded as failed and the others still run; the parent run ends FAILED
-then. The parent run holds `sweep.json`: each child's configuration, seed, run ids, status,
-held-out accuracy before, after and best, and the generation and training compute.
+then.
+
+With learning-rate factors (the default grid: x0.5 and x2), a second stage follows: the
+baseline (`--baseline`, default `no_buffer`) and the best buffer configuration of the first
+stage (fewest generated tokens to the baseline's peak held-out accuracy,
+replay_pipeline.report.best_config) run again at their learning rate times each factor, as
+configurations `<config>-lrx<factor>` of the same family, so the report can draw each family's
+Pareto frontier of accuracy against compute.
+
+The parent run holds `sweep.json` (each child's configuration, seed, run ids, status, held-out
+accuracy before, after and best, and the generation and training compute; the baseline, the
+families and the stage-1 best) and, at the end, the report under `report/`
+(replay_pipeline.report; `python -m flows.report PARENT_RUN_ID` makes it again).
 
 The same flow is the `sweep` deployment (flows/deploy.py): its parameters are `configs` (name
--> Hydra overrides), `seeds`, `overrides` and `name`.
+-> Hydra overrides), `seeds`, `overrides`, `name`, `grid`, `lr_factors`, `baseline`, `report` and
+`mu`.
 """
 
 from __future__ import annotations
@@ -34,10 +47,53 @@ from replay_pipeline.config import ConfigError
 from replay_pipeline.resume import resolve_config
 from replay_pipeline.runs import RunPaths, ensure_writable
 
-#: The default grid: the paper's on-policy baseline against the replay preset.
-DEFAULT_CONFIGS: dict[str, list[str]] = {"no_buffer": ["experiment=no_buffer"], "replay": ["experiment=replay"]}
-DEFAULT_SEEDS = [0, 1]
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
+DEFAULT_BASELINE = "no_buffer"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A named sweep: configurations (name -> Hydra overrides), seeds, overrides shared by every
+    child, and the learning-rate factors of the second stage (see `sweep`)."""
+    configs: dict[str, list[str]]
+    seeds: list[int]
+    overrides: list[str]
+    lr_factors: list[float]
+    about: str
+
+
+#: Settings every child of the built-in grids shares: runs short enough for the budget,
+#: held-out greedy accuracy often enough to see when a run reaches the baseline's peak,
+#: pass@k and a checkpoint at the end only.
+_SHORT = ["loop.steps=STEPS", "loop.eval_every=EVAL", "loop.passk_every=0", "loop.checkpoint_every=0",
+          "tracking.progress=false"]
+
+#: The paper's comparison at this project's scale (issue 8): the on-policy baseline against FIFO
+#: buffers of several capacities and replay ratios, positive-bias sampling and AsymRE, at equal
+#: settings otherwise; then a learning-rate sweep of the baseline and of the best buffer
+#: configuration. Sized for about 60 minutes on a 2-core CPU machine (README, "Results").
+GRIDS: dict[str, Grid] = {
+    "default": Grid(
+        configs={
+            "no_buffer": ["experiment=no_buffer"],
+            "fifo128_k2": ["experiment=replay"],
+            "fifo256_k4": ["experiment=replay", "buffer.capacity=256", "loop.updates_per_step=4"],
+            "posbias128_k2": ["experiment=replay", "buffer=positive_bias"],
+            "asymre128_k2": ["experiment=replay", "algo=asymre"],
+        },
+        seeds=[0, 1, 2, 3],
+        overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
+        lr_factors=[0.5, 2.0],
+        about="the on-policy baseline against four buffer configurations, 4 seeds, 100 steps, then learning rates "
+              "x0.5 and x2 for the baseline and the best buffer configuration"),
+    "quick": Grid(
+        configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
+        seeds=[0, 1],
+        overrides=[o.replace("STEPS", "60").replace("EVAL", "10") for o in _SHORT] + ["task.heldout_size=256"],
+        lr_factors=[],
+        about="the on-policy baseline against the default replay buffer, 2 seeds, 60 steps: a look "
+              "in about 10 minutes, not a result"),
+}
 
 
 @dataclass(frozen=True)
@@ -101,21 +157,37 @@ def _parent_tracker(overrides: list[str], name: str, sweep_id: str, configs: dic
     return tracker
 
 
-@flow(name="sweep")
-def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None = None,
-          overrides: list[str] | None = None, name: str = "sweep") -> dict[str, Any]:
-    """Train every configuration (name -> Hydra overrides) with every seed, as child runs;
-    `overrides` apply to all of them."""
+def settle(grid: str | None, configs: dict[str, list[str]] | None, seeds: list[int] | None,
+           overrides: list[str] | None, lr_factors: list[float] | None
+           ) -> tuple[dict[str, list[str]], list[int], list[str], list[float]]:
+    """The sweep's configurations, seeds, shared overrides and learning-rate factors: the
+    grid's (default "default"), each replaced by what is given. Explicit `configs` without a
+    grid use no grid at all (no shared overrides, no learning-rate stage unless given)."""
+    if grid is not None and grid not in GRIDS:
+        raise ConfigError(f"unknown sweep grid {grid!r}; choose one of {sorted(GRIDS)}")
+    base = GRIDS[grid or "default"] if grid is not None or configs is None else None
+    configs = dict(configs if configs is not None else base.configs)
+    seeds = list(seeds if seeds is not None else (base.seeds if base else [0, 1]))
+    shared = [*(base.overrides if base else []), *(overrides or [])]
+    factors = [float(f) for f in (lr_factors if lr_factors is not None else (base.lr_factors if base else []))]
+    bad = [f for f in factors if not (f > 0 and f != 1.0 and f == f and f != float("inf"))]
+    if bad:
+        raise ConfigError(f"learning-rate factors {bad}: each must be a finite number > 0 other than 1 "
+                          "(1 is the configuration itself)")
+    return configs, seeds, shared, factors
+
+
+def lr_variants(config: str, extra: list[str], overrides: list[str], factors: list[float]) -> dict[str, list[str]]:
+    """Configuration `config` at its learning rate times each factor: name `<config>-lrx<f>`
+    (a dot written as p: `no_buffer-lrx0p5`), overrides + `algo.lr=<lr x f>`."""
+    lr = float(resolve_config([*overrides, *extra]).algo.lr)
+    return {f"{config}-lrx{f:g}".replace(".", "p"): [*extra, f"algo.lr={lr * f:.6g}"] for f in factors}
+
+
+def _run_children(children: list[Child], parent, results: list[dict[str, Any]]) -> None:
     from flows.train import train
 
-    configs = dict(DEFAULT_CONFIGS if configs is None else configs)
-    seeds = list(DEFAULT_SEEDS if seeds is None else seeds)
-    overrides = list(overrides or [])
-    sweep_id = uuid.uuid4().hex[:6]
-    children = plan(configs, seeds, overrides, name, sweep_id)
-    parent = _parent_tracker(overrides, name, sweep_id, configs, seeds)
-    results = []
-    for k, child in enumerate(children):
+    for child in children:
         record: dict[str, Any] = {"config": child.config, "seed": child.seed, "run_id": child.run_id,
                                   "overrides": child.overrides}
         try:
@@ -129,15 +201,79 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
         except Exception as exc:  # one failed child does not stop the others
             record |= {"status": "FAILED", "error": f"{type(exc).__name__}: {exc}"}
         results.append(record)
-        parent.log_metrics({"sweep/children_done": float(k + 1)}, step=k)
+        parent.log_metrics({"sweep/children_done": float(len(results))}, step=len(results) - 1)
+
+
+def _best(parent, record: dict[str, Any], baseline: str, log) -> str | None:
+    """The best buffer configuration of the first stage (replay_pipeline.report.best_config)."""
+    from replay_pipeline import report
+
+    parent.log_dict(record, "sweep.json")
+    try:
+        summary, _ = report.summarise(report.load(parent.uri, parent.run_id, baseline))
+    except report.ReportError as exc:
+        log(f"no learning-rate stage for a buffer configuration: {exc}")
+        return None
+    return (summary.get("best") or {}).get("config")
+
+
+@flow(name="sweep")
+def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None = None,
+          overrides: list[str] | None = None, name: str = "sweep", grid: str | None = None,
+          lr_factors: list[float] | None = None, baseline: str = DEFAULT_BASELINE, report: bool = True,
+          mu: float = 5.28) -> dict[str, Any]:
+    """Train every configuration (name -> Hydra overrides) with every seed, as child runs;
+    `overrides` apply to all of them. Without `configs`, the grid `grid` (default "default").
+
+    Two stages when there are learning-rate factors: (1) every configuration; (2) the
+    baseline and the best buffer configuration of stage 1 (fewest generated tokens to the
+    baseline's peak held-out accuracy) at their learning rate times each factor, as
+    configurations of the same family (the report draws each family's Pareto frontier). Then
+    the report (replay_pipeline.report: plots, report.md) on the parent run."""
+    configs, seeds, overrides, factors = settle(grid, configs, seeds, overrides, lr_factors)
+    sweep_id = uuid.uuid4().hex[:6]
+    children = plan(configs, seeds, overrides, name, sweep_id)
+    if factors and baseline in configs:  # the baseline's variants are known now: validate them too
+        plan(lr_variants(baseline, configs[baseline], overrides, factors), seeds, overrides, name, sweep_id)
+    parent = _parent_tracker(overrides, name, sweep_id, configs, seeds)
+    results: list[dict[str, Any]] = []
+    families = {c: c for c in configs}
+    out = {"name": name, "sweep_id": sweep_id, "mlflow_run_id": parent.run_id, "baseline": baseline,
+           "families": families, "lr_factors": factors, "children": results}
+    _run_children(children, parent, results)
+    if factors and baseline in configs:
+        best = _best(parent, out, baseline, print)
+        stage2: dict[str, list[str]] = {}
+        for config in [baseline] + ([best] if best else []):
+            variants = lr_variants(config, configs[config], overrides, factors)
+            stage2 |= variants
+            families |= {v: config for v in variants}
+        out["best_stage1"] = best
+        _run_children(plan(stage2, seeds, overrides, name, sweep_id), parent, results)
     failed = [r for r in results if r["status"] != "FINISHED"]
-    out = {"name": name, "sweep_id": sweep_id, "mlflow_run_id": parent.run_id, "children": results}
     parent.log_dict(out, "sweep.json")
+    if report and baseline in configs:
+        out["report"] = _report(parent, baseline, mu, overrides)
     parent.finish("FAILED" if failed else "FINISHED")
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} sweep children failed: "
                            + "; ".join(f"{r['run_id']}: {r['error']}" for r in failed))
     return out
+
+
+def _report(parent, baseline: str, mu: float, overrides: list[str]) -> dict[str, Any]:
+    """The report on the finished sweep; a report that cannot be made is said, not raised (the
+    runs are done and stored; `python -m flows.report` can be run again)."""
+    from replay_pipeline import report
+
+    root = resolve_config(overrides).tracking.root_dir
+    try:
+        made = report.build_report(parent.uri, parent.run_id, mu=mu, root=root, baseline=baseline)
+    except report.ReportError as exc:
+        print(f"no report: {exc}", file=sys.stderr)
+        return {"error": str(exc)}
+    print(made.table)
+    return {"path": str(made.path), "artifacts": made.artifact_uri}
 
 
 def _config_arg(text: str) -> tuple[str, list[str]]:
@@ -147,26 +283,54 @@ def _config_arg(text: str) -> tuple[str, list[str]]:
     return name, [o for o in rest.split(",") if o]
 
 
+def _list_arg(kind: type):
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated {kind.__name__} values, e.g. "
+                                             + ("0,1,2,3" if kind is int else "0.5,2")) from None
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", choices=sorted(GRIDS), default=None,
+                        help="a built-in grid: " + "; ".join(f"{k}: {g.about}" for k, g in GRIDS.items())
+                             + " (default: default, unless --config is given)")
+    parser.add_argument("--quick", action="store_const", const="quick", dest="grid", help="= --grid quick")
     parser.add_argument("--config", action="append", type=_config_arg, default=None, metavar="NAME=OVERRIDES",
-                        help="a configuration: its name and comma-separated Hydra overrides (repeat; "
-                             f"default: {DEFAULT_CONFIGS})")
-    parser.add_argument("--seeds", type=int, nargs="+", default=DEFAULT_SEEDS)
+                        help="a configuration: its name and comma-separated Hydra overrides (repeat); "
+                             "replaces the grid's configurations")
+    parser.add_argument("--seeds", type=_list_arg(int), default=None, metavar="S1,S2,...",
+                        help="comma-separated seeds (default: the grid's)")
+    parser.add_argument("--lr-factors", type=_list_arg(float), default=None, metavar="F1,F2,...",
+                        help="comma-separated learning-rate factors of the second stage (default: the grid's; "
+                             "'' for none)")
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the baseline configuration's name")
+    parser.add_argument("--mu", type=float, default=5.28, help="mu of the report's projected compute")
+    parser.add_argument("--no-report", action="store_true", help="do not build the report at the end")
     parser.add_argument("--name", default="sweep")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every child (loop.steps=100 ...)")
     args = parser.parse_args(argv)
-    configs = dict(args.config) if args.config else dict(DEFAULT_CONFIGS)
     try:
-        plan(configs, args.seeds, args.overrides, args.name, "check")  # fail before Prefect starts
-        ensure_writable(resolve_config(args.overrides).tracking.root_dir)
+        configs, seeds, overrides, factors = settle(args.grid, dict(args.config) if args.config else None,
+                                                    args.seeds, args.overrides, args.lr_factors)
+        plan(configs, seeds, overrides, args.name, "check")  # fail before Prefect starts
+        if factors and args.baseline in configs:
+            plan(lr_variants(args.baseline, configs[args.baseline], overrides, factors), seeds, overrides,
+                 args.name, "check")
+        ensure_writable(resolve_config(overrides).tracking.root_dir)
     except (ConfigError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = sweep(configs=configs, seeds=args.seeds, overrides=args.overrides, name=args.name)
+    out = sweep(configs=configs, seeds=seeds, overrides=overrides, name=args.name, lr_factors=factors,
+                baseline=args.baseline, report=not args.no_report, mu=args.mu)
     for r in out["children"]:
         print(f"{r['run_id']:<48} {r['status']:<9} held-out accuracy {r.get('accuracy_after')}")
     print(f"MLflow parent run {out['mlflow_run_id']}")
+    if "path" in out.get("report", {}):
+        print(f"report: {out['report']['path']}")
     return 0
 
 

@@ -88,3 +88,30 @@ def test_sweep_cli_exits_2_before_any_work(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "configuration 'a'" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_sweep_grids_validate_and_settle_takes_what_is_given():
+    from flows.sweep import GRIDS, plan, settle
+
+    for name, grid in GRIDS.items():  # every child of every built-in grid composes and validates
+        configs, seeds, overrides, factors = settle(name, None, None, None, None)
+        assert (configs, seeds, factors) == (grid.configs, grid.seeds, grid.lr_factors)
+        assert len(plan(configs, seeds, overrides, name, "x")) == len(configs) * len(seeds)
+    assert "no_buffer" in GRIDS["default"].configs and len(GRIDS["default"].seeds) >= 4
+    configs, seeds, overrides, factors = settle(None, {"a": []}, None, ["loop.steps=3"], None)
+    assert (configs, seeds, overrides, factors) == ({"a": []}, [0, 1], ["loop.steps=3"], [])
+    configs, seeds, overrides, factors = settle("quick", None, [5], ["loop.steps=3"], [2])
+    assert seeds == [5] and factors == [2.0] and overrides[-1] == "loop.steps=3"
+    assert overrides[:-1] == GRIDS["quick"].overrides
+    with pytest.raises(ConfigError, match="unknown sweep grid 'huge'"):
+        settle("huge", None, None, None, None)
+    with pytest.raises(ConfigError, match=r"factors \[1.0, -2.0\]"):
+        settle(None, {"a": []}, None, None, [1, -2])
+
+
+def test_lr_variants_scale_the_configurations_own_learning_rate():
+    from flows.sweep import lr_variants
+
+    assert lr_variants("asym", ["algo=asymre", "algo.lr=1e-4"], ["loop.steps=3"], [0.5, 2]) == {
+        "asym-lrx0p5": ["algo=asymre", "algo.lr=1e-4", "algo.lr=5e-05"],
+        "asym-lrx2": ["algo=asymre", "algo.lr=1e-4", "algo.lr=0.0002"]}

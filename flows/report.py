@@ -1,0 +1,68 @@
+"""Report on a sweep: python -m flows.report PARENT_RUN_ID.
+
+    python -m flows.report 3f9c...e1                          # the parent run flows.sweep printed
+    python -m flows.report 3f9c...e1 --root /data/replay-runs --mu 6.84 --out sweep-report/
+
+Reads the sweep's parent MLflow run (its sweep.json) and the metric histories of its finished
+children, then writes report.md, report.json and the plots (accuracy against generated tokens,
+measured seconds and compute projected at --mu, the frontier per family, pass@k, entropy and
+the buffer's staleness, reuse and steps-since-last-use distributions) to --out, and logs them
+to the parent run under report/. The work is replay_pipeline.report; this module parses and
+prints. Errors go to stderr with exit status 2 and say how to fix the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import flows  # noqa: F401  (the package's environment defaults: MLflow logging level)
+
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # sweep.json's download
+from replay_pipeline import report
+
+
+def _mu(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0, e.g. 5.28")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flows.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("parent_run_id", metavar="PARENT_RUN_ID",
+                        help="the sweep's parent MLflow run id (python -m flows.sweep prints it)")
+    parser.add_argument("--mlflow-uri", metavar="URI", help="MLflow tracking store (default: sqlite:///ROOT/mlflow.db)")
+    parser.add_argument("--root", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"),
+                        help="the runs' tracking.root_dir (default: $REPLAY_PIPELINE_ROOT or runs)")
+    parser.add_argument("--mu", type=_mu, default=report.DEFAULT_MU,
+                        help=f"mu of the GPU-scale projection (default {report.DEFAULT_MU:g}, the paper's Qwen2.5-7B)")
+    parser.add_argument("--out", metavar="DIR", help="output directory (default: ROOT/reports/<sweep name>-<sweep id>)")
+    parser.add_argument("--baseline", metavar="NAME",
+                        help="the baseline configuration (default: sweep.json's baseline, else no_buffer)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        uri = report.tracking_uri(args.root, args.mlflow_uri)
+        result = report.build_report(uri, args.parent_run_id, mu=args.mu, out=args.out, root=args.root,
+                                     baseline=args.baseline)
+    except report.ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.table)
+    print(f"\nreport: {result.path}")
+    print(f"logged to MLflow run {args.parent_run_id} as {result.artifact_uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

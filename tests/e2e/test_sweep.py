@@ -1,0 +1,45 @@
+"""End to end: `python -m flows.sweep` with a tiny configuration as a user runs it: two
+configurations, a learning-rate stage and the report, read back from the real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, TINY_OVERRIDES
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_sweep_runs_its_configurations_then_the_learning_rate_stage_then_the_report(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")}
+    cmd = [sys.executable, "-m", "flows.sweep", "--name", "tiny", "--seeds", "0",
+           "--config", "no_buffer=experiment=no_buffer", "--config", "replay=experiment=replay,buffer.capacity=32",
+           "--lr-factors", "2", f"tracking.root_dir={tmp_path}", *TINY_OVERRIDES,
+           "loop.steps=3", "loop.eval_every=1", "loop.passk_every=0", "loop.checkpoint_every=0",
+           "tracking.experiment=tiny-sweep"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny-sweep")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`replay_pipeline.sweep` = 'tiny'")
+    record = json.loads(open(client.download_artifacts(parent.info.run_id, "sweep.json", str(tmp_path))).read())
+    best = record["best_stage1"]
+    expected = {"no_buffer", "replay", "no_buffer-lrx2"} | ({f"{best}-lrx2"} if best else set())
+    assert {c["config"] for c in record["children"]} == expected
+    assert all(c["status"] == "FINISHED" for c in record["children"])
+    assert record["families"]["no_buffer-lrx2"] == "no_buffer" and record["baseline"] == "no_buffer"
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == len(expected)
+    lrs = {c.data.tags["mlflow.runName"].split("-s0-")[0]: float(c.data.params["algo.lr"]) for c in children}
+    assert lrs["tiny-no_buffer-lrx2"] == pytest.approx(2 * lrs["tiny-no_buffer"])
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/report.json", "report/accuracy_vs_tokens.png"} <= artifacts, artifacts
+    report = json.loads(open(client.download_artifacts(parent.info.run_id, "report/report.json", str(tmp_path))).read())
+    assert set(report["configs"]) == expected
+    assert "report:" in proc.stdout and parent.info.status == "FINISHED"

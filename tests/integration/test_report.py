@@ -1,0 +1,308 @@
+"""replay_pipeline.report and python -m flows.report against a real MLflow SQLite store and
+real LanceDB tables in tmp_path, with metric histories built here so that every number is
+known by hand.
+
+The sweep "sw" (id abc123): 20 rounds, evaluations at steps 0, 5, 10, 15, 20 (an evaluation
+at step E is paired with the ledger logged at step E - 1, the first E rounds).
+
+| config (seeds) | family | tokens/round per seed | s/round | gen/train rollouts per round |
+|---|---|---|---|---|
+| no_buffer (4), baseline | no_buffer | 100 | 2.0 | 64 / 64 |
+| replay (4) | replay | 45, 49, 51, 60 | 1.5 | 32 / 128 |
+| replay_lr2 (2) | replay | 40 | 1.2 | 32 / 128 |
+| slow (2) | slow | 100 | 2.0 | 64 / 64 |
+| broken (1, FAILED) | | | | |
+
+Seed accuracy = median + offset, offsets (-0.1, -0.02, 0.02, 0.1) for 4 seeds (median m,
+IQR m - 0.04 .. m + 0.04 with linear interpolation) and (-0.02, 0.02) for 2 (m -+ 0.01).
+Medians at steps 0, 5, 10, 15, 20:
+  no_buffer 0.3 0.5 0.6 0.55 0.5  -> baseline peak 0.6 at step 10: 1000 tokens, 20 s,
+                                     (5.28 x 64 + 64) x 10 = 4019.2 projected
+  replay    0.3 0.55 0.62 0.65 0.6 -> reaches 0.6 at step 10: median(450, 490, 510, 600) = 500
+                                     tokens (0.50), 15 s (0.75), (5.28 x 32 + 128) x 10 = 2969.6 (0.74)
+  replay_lr2 0.3 0.45 0.58 0.61 0.5 -> at step 15: 600 tokens (0.60), 18 s (0.90), 4454.4 (1.11)
+  slow      0.3 0.4 0.45 0.5 0.52  -> not reached
+Best buffer configuration: replay. Frontier of family replay (tokens): (0, 0.3 replay),
+(200, 0.45 lr2), (250, 0.55 replay), (400, 0.58 lr2), (500, 0.62 replay), (750, 0.65 replay);
+it reaches 0.6 at 500 tokens via replay.
+Final compute/mu per seed: no_buffer 1.0 1.1 1.2 1.3 (median 1.15), replay 0.9 1.0 1.0 1.1 (1.0),
+replay_lr2 1.0 1.0, slow 1.2 1.2; all 12 runs: median 1.05 (the planner: on-policy, gamma 1).
+pass@k at step 20: median P[k] (+0.05 for replay, -0.05 for lr2 and slow), 4 seeds offset
+(-0.05, -0.01, 0.01, 0.05): IQR -+ 0.02.
+LanceDB: replay seeds 0 and 1 each hold test_analysis's run-a tables (32 rollouts, 22 uses),
+so the pooled histograms are twice test_analysis's; the other children have none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows import report as report_cli
+from replay_pipeline import report
+from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.buffer.schema import rows_to_table
+from replay_pipeline.buffer.usage import UsageStore
+from tests.integration.test_analysis import rollout_rows, usage_table
+
+REPO = Path(__file__).resolve().parents[2]
+NAME, SWEEP_ID = "sw", "abc123"
+EVALS = [0, 5, 10, 15, 20]
+ROUNDS = 20
+P = {1: 0.5, 2: 0.6, 4: 0.68, 8: 0.74, 16: 0.8}
+OFFSETS = {4: [-0.1, -0.02, 0.02, 0.1], 2: [-0.02, 0.02]}
+CONFIGS = {  # medians, tokens/round per seed, seconds/round, gen/train rollouts per round, mu per seed, pass shift
+    "no_buffer": ([0.3, 0.5, 0.6, 0.55, 0.5], [100] * 4, 2.0, (64, 64), [1.0, 1.1, 1.2, 1.3], 0.0),
+    "replay": ([0.3, 0.55, 0.62, 0.65, 0.6], [45, 49, 51, 60], 1.5, (32, 128), [0.9, 1.0, 1.0, 1.1], 0.05),
+    "replay_lr2": ([0.3, 0.45, 0.58, 0.61, 0.5], [40, 40], 1.2, (32, 128), [1.0, 1.0], -0.05),
+    "slow": ([0.3, 0.4, 0.45, 0.5, 0.52], [100, 100], 2.0, (64, 64), [1.2, 1.2], -0.05),
+}
+OVERRIDES = {"no_buffer": ["experiment=no_buffer"], "replay": ["experiment=replay"],
+             "replay_lr2": ["experiment=replay", "algo.lr=2e-4"],
+             "slow": ["experiment=replay", "buffer.capacity=4096"], "broken": ["buffer.capacity=1"]}
+PROJECTED = "projected at mu=5.28 (GPU-scale projection)"
+
+
+def run_id(config: str, seed: int) -> str:
+    return f"{NAME}-{config}-s{seed}-{SWEEP_ID}"
+
+
+def child_metrics(config: str, k: int) -> list[tuple[str, float, int]]:
+    """(key, value, step) of seed index k of config."""
+    medians, tokens, seconds, (gen, train), mus, shift = CONFIGS[config]
+    off = OFFSETS[len(tokens)][k]
+    out = []
+    for s in range(ROUNDS):  # round s's ledger, logged at step s, covers s + 1 rounds
+        n = s + 1
+        out += [("compute/gen_tokens", tokens[k] * n, s), ("compute/gen_rollouts", gen * n, s),
+                ("compute/train_rollouts", train * n, s), ("compute/gen_seconds", seconds * n / 2, s),
+                ("compute/train_seconds", seconds * n / 2, s), ("compute/gen_train_seconds", seconds * n, s),
+                ("compute/mu", mus[k], s), ("learn/entropy", 1.0 - 0.01 * s + off, s),
+                ("buffer/staleness_mean", 1.0, s)]
+    for step, m in zip(EVALS, medians):
+        out += [("eval/accuracy", m + off, step), ("eval/sample_entropy", 0.8 - 0.01 * step + off, step)]
+    for key, value in P.items():
+        out += [(f"eval/pass_at_{key}", 0.2, 0), (f"eval/pass_at_{key}", value + shift + off / 2, ROUNDS)]
+    return out
+
+
+def make_child(client, experiment: str, parent: str, root: Path, config: str, k: int) -> str:
+    from mlflow.entities import Metric, Param
+
+    rid = run_id(config, k)
+    tags = {"mlflow.parentRunId": parent, "replay_pipeline.run_id": rid}
+    if (config, k) == ("replay", 0):  # what flows.train tags; seed 1 is found from tracking.root_dir
+        tags["replay_pipeline.lancedb_uri"] = str(root / "lancedb")
+    run = client.create_run(experiment, run_name=rid, tags=tags)
+    params = {"run_id": rid, "tracking.root_dir": str(root), "algo.lr": "1e-4", "loop.prompts_per_step": 8,
+              "loop.group_size": 8, "loop.minibatch_size": 64}
+    metrics = [Metric(key, float(v), 2, step) for key, v, step in child_metrics(config, k)]
+    if (config, k) == ("no_buffer", 0):  # a stale value from before a resume: the later one wins
+        metrics.append(Metric("eval/accuracy", 0.0, 1, 10))
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run.info.run_id, metrics=metrics[i:i + 1000],
+                         params=[Param(a, str(b)) for a, b in params.items()] if i == 0 else [])
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def make_tables(root: Path, rid: str) -> None:
+    """test_analysis's run-a tables for run `rid`, written with the project's stores."""
+    uri = root / "lancedb"
+    store = RolloutStore.create(uri, rid)
+    for step in range(4):
+        store.append(rows_to_table(rollout_rows(rid, step)))
+    UsageStore.create(uri, rid).record(usage_table(rid))
+
+
+def start_cli(*args: str) -> subprocess.Popen:
+    # PREFECT_HOME comes from tests/conftest.py, so flows/__init__ creates nothing in the repo.
+    env = {k: v for k, v in os.environ.items() if k != "REPLAY_PIPELINE_ROOT"}
+    return subprocess.Popen([sys.executable, "-m", "flows.report", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def make_parent(client, experiment: str, record: dict) -> str:
+    run = client.create_run(experiment, run_name=f"{NAME}-{SWEEP_ID}",
+                            tags={"replay_pipeline.sweep": NAME, "replay_pipeline.sweep_id": SWEEP_ID})
+    client.log_dict(run.info.run_id, record, "sweep.json")
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("report")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("replay-pipeline", artifact_location=(root / "mlartifacts").as_uri())
+    cli = start_cli("f" * 32, "--mlflow-uri", uri)  # ~5 s of imports, overlapping the set-up below
+    parent = client.create_run(experiment, run_name=f"{NAME}-{SWEEP_ID}",
+                               tags={"replay_pipeline.sweep": NAME, "replay_pipeline.sweep_id": SWEEP_ID})
+    pid = parent.info.run_id
+    children = []
+    for config, spec in CONFIGS.items():
+        for k in range(len(spec[1])):
+            children.append({"config": config, "seed": k, "run_id": run_id(config, k), "status": "FINISHED",
+                             "mlflow_run_id": make_child(client, experiment, pid, root, config, k),
+                             "overrides": ["loop.steps=20", *OVERRIDES[config], f"seed={k}",
+                                           f"run_id={run_id(config, k)}"]})
+    children.append({"config": "broken", "seed": 0, "run_id": run_id("broken", 0), "status": "FAILED",
+                     "error": "ConfigError: too small", "overrides": ["loop.steps=20", *OVERRIDES["broken"]]})
+    record = {"name": NAME, "sweep_id": SWEEP_ID, "mlflow_run_id": pid, "children": children,
+              "families": {"replay_lr2": "replay"}}
+    client.log_dict(pid, record, "sweep.json")
+    client.set_terminated(pid, status="FAILED")
+    for k in (0, 1):
+        make_tables(root, run_id("replay", k))
+    no_baseline = make_parent(client, experiment, {**record, "baseline": "broken"})
+    return {"root": root, "uri": uri, "client": client, "parent": pid, "no_baseline": no_baseline,
+            "child": children[0]["mlflow_run_id"], "cli": cli}
+
+
+@pytest.fixture(scope="module")
+def built(store):
+    return report.build_report(store["uri"], store["parent"], root=store["root"])
+
+
+def cells(table: str, config: str) -> list[str]:
+    row = next(line for line in table.splitlines() if line.startswith(f"| {config} "))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+# ------------------------------------------------------------------ the numbers
+def test_table_values(built):
+    t = built.table
+    header = [c.strip() for c in t.splitlines()[0].strip("|").split("|")]
+    assert header == ["config", "runs", "peak acc", "final acc", "pass@1", "pass@16",
+                      "generated tokens to baseline peak", "ratio", "measured seconds to baseline peak", "ratio",
+                      f"{PROJECTED} to baseline peak", "ratio"]
+    assert cells(t, "no_buffer") == ["no_buffer (baseline)", "4", "0.600", "0.500", "0.500", "0.800",
+                                     "1,000", "1.00", "20.0", "1.00", "4,019", "1.00"]
+    assert cells(t, "replay") == ["replay", "4", "0.650", "0.600", "0.550", "0.850",
+                                  "500", "0.50", "15.0", "0.75", "2,970", "0.74"]
+    assert cells(t, "replay_lr2") == ["replay_lr2", "2", "0.610", "0.500", "0.450", "0.750",
+                                      "600", "0.60", "18.0", "0.90", "4,454", "1.11"]
+    assert cells(t, "slow")[6:] == ["not reached", "-"] * 3
+    assert "| broken" not in t  # no finished run
+
+
+def test_summary_numbers(built):
+    s = built.summary
+    assert s["baseline"]["peak_accuracy"] == pytest.approx(0.6) and s["baseline"]["peak_step"] == 10
+    assert s["baseline"]["compute_at_peak"] == pytest.approx({"tokens": 1000, "seconds": 20, "projected": 4019.2})
+    replay = s["configs"]["replay"]
+    assert replay["to_baseline_peak"]["tokens"] == pytest.approx({"step": 10, "compute": 500, "ratio": 0.5})
+    assert replay["to_baseline_peak"]["projected"]["ratio"] == pytest.approx(2969.6 / 4019.2)
+    assert replay["peak_accuracy"] == pytest.approx({"median": 0.65, "q25": 0.61, "q75": 0.69})
+    assert replay["final_pass_at_k"][16] == pytest.approx({"step": 20, "median": 0.85, "q25": 0.83, "q75": 0.87})
+    assert s["configs"]["replay_lr2"]["peak_accuracy"] == pytest.approx({"median": 0.61, "q25": 0.6, "q75": 0.62})
+    assert s["configs"]["slow"]["to_baseline_peak"] == {"tokens": None, "seconds": None, "projected": None}
+    assert (s["configs"]["no_buffer"]["final_mu"], replay["final_mu"]) == pytest.approx((1.15, 1.0))
+    # the stale step-10 value (0.0, logged earlier) lost to the later one
+    nb = {r["step"]: r for r in s["curves"]["no_buffer"]}
+    assert nb[10]["eval/accuracy/median"] == pytest.approx(0.6) and nb[10]["n"] == 4
+    assert nb[10]["tokens/median"] == 1000 and nb[0]["tokens/median"] == 0
+    assert s["best"]["config"] == "replay"
+    assert any("broken seed 0" in n and "FAILED" in n for n in s["notes"])
+
+
+def test_frontier_per_family(built):
+    f = built.summary["frontiers"]
+    assert set(f) == {"no_buffer", "replay", "slow"} and f["replay"]["configs"] == ["replay", "replay_lr2"]
+    points = [(p["compute"], p["config"], p["step"]) for p in f["replay"]["tokens"]["points"]]
+    assert points == pytest.approx([(0, "replay", 0), (200, "replay_lr2", 5), (250, "replay", 5),
+                                    (400, "replay_lr2", 10), (500, "replay", 10), (750, "replay", 15)])
+    reach = f["replay"]["tokens"]["to_baseline_peak"]
+    assert (reach["compute"], reach["config"], reach["ratio"]) == pytest.approx((500, "replay", 0.5))
+    assert f["slow"]["seconds"]["to_baseline_peak"] is None
+
+
+def test_best_config_ties_go_to_projected():
+    def c(tokens, projected):
+        return {"to_baseline_peak": {"tokens": {"compute": tokens}, "projected": {"compute": projected}}}
+
+    configs = {"base": c(10, 10), "a": c(5, 9), "b": c(5, 7), "c": {"to_baseline_peak": {"tokens": None}}}
+    assert report.best_config(configs, "base") == "b"
+    assert report.best_config({"base": c(1, 1)}, "base") is None
+    # The baseline's learning-rate variants are on-policy runs, never "the best buffer configuration".
+    lr_variant = {**c(1, 1), "family": "base"}
+    assert report.best_config({**configs, "base-lrx2": lr_variant}, "base") == "b"
+
+
+def test_markdown_report(built):
+    md = built.path.read_text()
+    assert built.path.name == "report.md"
+    for line in ("generated tokens: compute ratio 0.50", "measured seconds: compute ratio 0.75",
+                 f"{PROJECTED}: compute ratio 0.74"):
+        assert re.search(f"^{re.escape(line)}$", md, re.M), line
+    assert "**replay**" in md and "| replay | replay | `experiment=replay` | 4 |" in md
+    assert "Shared overrides: `loop.steps=20`" in md and "Seeds: 0, 1, 2, 3" in md
+    assert "median of the final compute/mu of 12 finished runs): 1.05" in md
+    assert re.search(r"At the measured mu = 1.05: replay should not pay off.*predicted gamma 1.00.*"
+                     r"illustrative defaults alpha = 0.25, rho = 0.05", md)
+    assert re.search(r"At the GPU-scale projection, mu = 5.28: replay should pay off.*buffer.capacity = 205, "
+                     r"loop.updates_per_step = 4, predicted gamma 0.79", md)
+    for png in report.PLOTS:
+        assert f"]({png})" in md and (built.path.parent / png).stat().st_size > 1000
+
+
+def test_outputs_and_artifacts(store, built):
+    out = built.path.parent
+    assert out == store["root"].resolve() / "reports" / f"{NAME}-{SWEEP_ID}"
+    data = json.loads((out / "report.json").read_text())
+    assert data["configs"]["replay"]["final_pass_at_k"]["1"]["median"] == pytest.approx(0.55)
+    assert data["measures"]["projected"]["label"] == PROJECTED
+    logged = {f.path for f in store["client"].list_artifacts(store["parent"], "report")}
+    assert {f"report/{n}" for n in ("report.md", "report.json", *report.PLOTS)} <= logged
+
+
+def test_buffer_distributions_pooled_over_seeds(built):
+    d = built.summary["distributions"]
+    assert set(d) == {"replay"}  # the only config with tables (seeds 0 and 1)
+    assert d["replay"]["runs"] == 2 and d["replay"]["staleness"] == {0: 34, 1: 8, 3: 2}
+    assert d["replay"]["reuse_count"] == {0: 36, 1: 20, 2: 4, 3: 2, 5: 2}
+    assert d["replay"]["steps_since_last_use"] == {1: 10, 2: 2, 3: 2}
+    notes = "\n".join(built.summary["notes"])
+    assert "replay seed 2: buffer tables not read at" in notes and "unknown run id" in notes
+    assert "no_buffer: no seed's LanceDB tables could be read" in notes
+
+
+# ------------------------------------------------------------------ bad input
+def test_unknown_parent_run(store):
+    with pytest.raises(report.ReportError, match=rf"no MLflow run '0{{32}}'.*flows.sweep prints it.*"
+                                                 rf"Recent sweep parent runs there: .*{store['parent']}"):
+        report.build_report(store["uri"], "0" * 32)
+
+
+def test_run_without_sweep_json(store):
+    with pytest.raises(report.ReportError, match=r"has no sweep.json artifact: it is not a sweep's parent run"):
+        report.build_report(store["uri"], store["child"])
+
+
+def test_no_finished_baseline_children(store):
+    with pytest.raises(report.ReportError, match=r"no finished runs of the baseline configuration 'broken'.*"
+                                                 r"\[.FAILED.\].*finished runs: \[.no_buffer., .replay.*--baseline NAME"):
+        report.build_report(store["uri"], store["no_baseline"])
+
+
+def test_missing_store_and_bad_mu(tmp_path, store):
+    with pytest.raises(report.ReportError, match=r"no MLflow store at .*nowhere.*--root DIR"):
+        report.tracking_uri(tmp_path / "nowhere")
+    with pytest.raises(report.ReportError, match=r"mu=0 must be a finite number > 0"):
+        report.build_report(store["uri"], store["parent"], mu=0)
+
+
+def test_cli_unknown_run_id(store, capsys):
+    assert report_cli.main(["f" * 32, "--root", str(store["root"])]) == 2
+    assert "error: no MLflow run 'ffff" in capsys.readouterr().err
+    out, err = store["cli"].communicate(timeout=120)  # the real process, started by the fixture
+    assert store["cli"].returncode == 2 and "error: no MLflow run 'ffff" in err and "Traceback" not in err
