@@ -51,7 +51,7 @@ from replay_pipeline.buffer.sampling import SamplingRules, WindowInfo, draw, win
 from replay_pipeline.buffer.lance_table import sql_str
 from replay_pipeline.buffer.store import META_COLUMNS
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, UsageStore, make_usage_ids
-from replay_pipeline.buffer.schema import columns_to_table, make_rollout_id
+from replay_pipeline.buffer.schema import columns_to_table, group_rollout_ids, make_rollout_id
 from replay_pipeline import faults
 from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoint_name, checkpoint_step,
                                          latest_valid, list_checkpoints, load_optimizer_state,
@@ -811,10 +811,10 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
     group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
     samples = [s for group in batch.samples for s in group]
     g_index = [gi for gi, group in enumerate(batch.samples) for _ in group]
-    ids = [make_rollout_id(run_id, batch.step, gi, si, worker)
-           for gi, group in enumerate(batch.samples) for si in range(len(group))]
-    group_ids = [make_rollout_id(run_id, batch.step, gi, 0, worker).rsplit("/", 1)[0]
-                 for gi in range(len(batch.samples))]
+    per_group = [group_rollout_ids(run_id, batch.step, gi, len(group), worker)
+                 for gi, group in enumerate(batch.samples)]
+    ids = [rid for group in per_group for rid in group]
+    group_ids = [group[0].rsplit("/", 1)[0] if group else "" for group in per_group]
     table = columns_to_table({
         "rollout_id": ids, "worker": worker, "run_id": run_id, "policy_version": batch.policy_version,
         "step": batch.step, "prompt_id": [batch.prompts[gi].prompt_id for gi in g_index],

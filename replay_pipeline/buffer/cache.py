@@ -117,6 +117,8 @@ class WindowCache:
             rows = rows.sort_by(order)
         in_order = self.rows.num_rows == 0 or rows.column("seq")[0].as_py() > self.rows.column("seq")[-1].as_py()
         table = pa.concat_tables([self.rows, rows])
+        if table.column("seq").num_chunks > 8:  # reads (window, take) slow down with many chunks
+            table = table.combine_chunks()
         # The sync loop's own appends come after every mirrored row: no re-sort of the mirror.
         self.rows = table if in_order else table.sort_by(order)
         self.hi = max(self.hi, int(pc.max(rows.column("seq")).as_py()) + 1)

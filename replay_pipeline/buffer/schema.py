@@ -41,6 +41,7 @@ __all__ = [
     "INPUT_COLUMNS",
     "OPTIONAL_INPUT_COLUMNS",
     "make_rollout_id",
+    "group_rollout_ids",
     "rows_to_table",
     "columns_to_table",
     "SchemaMismatch",
@@ -97,8 +98,19 @@ def make_rollout_id(run_id: str, step: int, group_index: int, sample_index: int,
     for name, value in (("step", step), ("group_index", group_index), ("sample_index", sample_index)):
         if int(value) != value or value < 0:
             raise ValueError(f"make_rollout_id: {name} must be a non-negative integer, got {value!r}")
+    return group_rollout_ids(run_id, step, group_index, 1, worker, first=sample_index)[0]
+
+
+def group_rollout_ids(run_id: str, step: int, group_index: int, n: int, worker: int | None = None,
+                      first: int = 0) -> list[str]:
+    """:func:`make_rollout_id` of samples ``first .. first + n - 1`` of one group, formatted
+    from one checked prefix (the training loop names a group's rollouts at once)."""
+    for name, value in (("step", step), ("group_index", group_index), ("sample_index", first)):
+        if int(value) != value or value < 0:
+            raise ValueError(f"make_rollout_id: {name} must be a non-negative integer, got {value!r}")
     prefix = run_id if worker is None else f"{run_id}/w{int(worker):02d}"
-    return f"{prefix}/s{int(step):06d}/g{int(group_index):04d}/i{int(sample_index):03d}"
+    group = f"{prefix}/s{int(step):06d}/g{int(group_index):04d}/i"
+    return [f"{group}{i:03d}" for i in range(int(first), int(first) + int(n))]
 
 
 def schema_mismatches(
