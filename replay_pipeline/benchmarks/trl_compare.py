@@ -1,0 +1,601 @@
+"""Side by side with TRL: our no-buffer loop and TRL's GRPOTrainer on the same model, task,
+group size and batch, one after the other in one process, with seconds per learner step and
+held-out accuracy against compute for both.
+
+    python -m replay_pipeline.benchmarks.trl_compare                          # 100 steps each
+    python -m replay_pipeline.benchmarks.trl_compare --steps 30 --root /tmp/trlbench
+    python -m replay_pipeline.benchmarks.trl_compare --steps 50 --eval-every 10 algo.lr=6e-5
+
+Needs the dev extra (`pip install -e '.[dev]'`, which brings `trl`).
+
+**Our side** is the real flow, `flows.train.train`, with `experiment=no_buffer` (generate
+prompts_per_step x group_size rollouts, one learner step on all of them, never reuse them),
+evaluations every `--eval-every` steps and sampled evaluations and the checkpoint only at the
+ends; its figures are read back from the run's MLflow ledger (`compute/round_seconds`,
+`compute/gen_seconds`, `compute/gen_tokens`, `compute/gen_train_seconds`, `learn/seconds`,
+`eval/accuracy`).
+
+**TRL's side** is `trl.GRPOTrainer` on the same warm-started policy, loaded by the project's
+own `load_policy` (the cached warm start the flow just used; the model object and tokenizer
+are handed to TRL, nothing is downloaded), with every setting taken from the resolved
+configuration of our side:
+
+| TRL (GRPOConfig)                          | ours                                               |
+|-------------------------------------------|----------------------------------------------------|
+| num_generations                           | loop.group_size                                    |
+| per_device_train_batch_size               | loop.prompts_per_step x loop.group_size            |
+| steps_per_generation = 1, num_iterations = 1 | one learner step per generation step (no_buffer) |
+| temperature, top_p, top_k = 0             | generator.temperature, generator.top_p (no top-k)  |
+| max_completion_length                     | generator.max_new_tokens                           |
+| learning_rate, constant, no warm-up       | algo.lr (constant AdamW)                           |
+| epsilon, epsilon_high                     | algo.eps_low, algo.eps_high                        |
+| loss_type "dapo" / "grpo"                 | algo.loss_agg token_mean / seq_mean                |
+| max_grad_norm                             | algo.max_grad_norm                                 |
+| optim "adamw_torch", adam_beta1/2, weight_decay | algo.adam_beta1/2, algo.weight_decay         |
+| beta = 0.0, scale_rewards "group"         | no KL, group-normalised advantages                 |
+| seed                                      | seed                                               |
+
+plus `bf16=False`, no gradient (activation) checkpointing, `use_cpu=True` (our flow's policy
+lives on the CPU too), `report_to="none"`, no checkpoints. The training prompts are the very
+prompts our flow draws at each step (`replay_pipeline.trainer.step_prompts`), in order
+(`shuffle_dataset=False`), and the reward is the task's own verifier (an exact match that ends
+with the end token).
+
+Measured, for each side:
+- seconds per learner step. TRL: a TrainerCallback's on_step_begin -> on_step_end (generation,
+  scoring, forward, backward, optimizer step). Ours: each round's share of
+  `compute/round_seconds` (generation, scoring, storage, sampling, the learner step, weight
+  publication, Prefect and MLflow; evaluations and checkpoints are left out).
+- the generation / training split. Ours: `compute/gen_seconds` (generation + verifier) and
+  `learn/seconds` per round, the rest is the pipeline's own cost. TRL: the time spent in
+  `GRPOTrainer._generate_and_score_completions` (tokenising, generation, decoding, reward,
+  advantages; timed by a subclass that only wraps it), the rest of the step is training.
+- generated tokens: completion tokens including the end token, counted from the
+  `completion_ids` TRL hands the reward function (ours: `compute/gen_tokens`, same rule).
+- held-out greedy accuracy at step 0, every `--eval-every` steps and at the end, with the
+  project's evaluator (`evaluation.evaluate_greedy` with a `TransformersGenerator` built from
+  the generator config, on the task's held-out prompts), outside the timed region; for TRL in
+  the callback, on a copy of the weights loaded into a generator built before TRL patches the
+  model, inside `torch.random.fork_rng` so that evaluating does not move TRL's sampling
+  stream. Step 0 is the same weights on both sides, so the two first accuracies are equal.
+
+Output: a table on stdout, `<root>/benchmarks/trl_compare-<timestamp>/trl_compare.json` and
+`trl_compare.png` (accuracy against cumulative generated tokens and against cumulative
+seconds), both logged as artifacts of an MLflow run in experiment `trl-compare` of the
+store the flow uses; the flow's own run is created as its child.
+
+Decisions:
+- algo.max_grad_norm is mirrored (1.0 by default, which clips) rather than CPU-DEMO's 0.0:
+  CPU-DEMO turned clipping off to match a prototype loop that did not clip; our learner clips
+  at algo.max_grad_norm, so TRL gets the same value. `algo.max_grad_norm=0` on the command
+  line turns clipping off on both sides (CPU-DEMO's setting).
+- Differences TRL does not let us remove, so they stay (and are part of what is compared):
+  TRL divides advantages by the unbiased group std + 1e-4 (ours: population std + 1e-6, and
+  0 for an all-equal group, which TRL's numerator also gives); TRL's old log-probs are the
+  learner's own detached log-probs (ratio exactly 1), ours are the generator's (ratio 1 up to
+  rounding); TRL computes the entropy of every completion position in the loss forward.
+- Seconds are wall time within the steps on each side; for TRL the generation + training
+  seconds equal the step seconds by construction (its orchestration happens inside them).
+  Cumulative seconds in the plot and table are those step seconds (ours: round seconds);
+  `gen_train_seconds` (ours: compute/gen_train_seconds) is in the JSON as well.
+- The two sides run one after the other (ours first: it builds or finds the cached warm
+  start), never at once, with the same torch thread count (model.torch_threads; 0 leaves
+  torch's default). TRL's trajectory differs from ours from the first sample (different
+  sampling streams), but each side is deterministic under `seed` (accuracies repeat to the
+  last digit; seconds do not).
+- Measure on a quiet machine: both sides are CPU-bound on model.torch_threads threads, and
+  any other CPU-heavy process inflates their seconds by as much as it takes (on a 2-core
+  machine shared with another 2-thread job, 5-10x), unevenly between the two sides.
+- `--eval-every` defaults to steps // 10 (at least 1), so a run has about ten accuracy points;
+  0 evaluates only at the start and the end.
+- Only configurations TRL can mirror are accepted: the sync no-buffer loop (buffer strategy
+  `fresh`, one update per step), objective `grpo_clip`, no KL penalty, the transformers
+  backend. Keys the benchmark sets itself (loop.steps, loop.eval_every, tracking.root_dir,
+  ...) are refused as overrides, with the flag to use instead. All of this, and a bad
+  `--steps`/`--eval-every`, an unwritable root or a missing TRL, fails before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+EXPERIMENT = "trl-compare"
+RESULT_JSON = "trl_compare.json"
+RESULT_PNG = "trl_compare.png"
+INSTALL_HINT = "install the dev extra: pip install -c infra/constraints-cpu.txt -e '.[dev]' (or pip install 'trl>=1.0')"
+
+#: Overrides the benchmark sets itself: key -> what to use instead.
+CONTROLLED = {
+    "experiment": "the benchmark always runs experiment=no_buffer",
+    "tracking.root_dir": "use --root",
+    "loop.steps": "use --steps",
+    "loop.eval_every": "use --eval-every",
+    "loop.passk_every": "sampled evaluations run only at the ends",
+    "loop.checkpoint_every": "checkpoints are written only at the end",
+    "tracking.experiment": f"the flow's run goes to experiment {EXPERIMENT!r}",
+    "tracking.parent_run_id": "the flow's run is a child of the comparison run",
+    "resume": "the benchmark starts a new run",
+    "fork": "the benchmark starts a new run",
+}
+
+
+class BenchmarkError(ValueError):
+    """Bad input to the benchmark; the message says what to change."""
+
+
+# ------------------------------------------------------------------ input checks
+def default_eval_every(steps: int) -> int:
+    return max(1, steps // 10)
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def flow_overrides(root: str | Path, steps: int, eval_every: int, overrides: Sequence[str],
+                   parent_run_id: str | None = None) -> list[str]:
+    """The Hydra overrides our side runs with (the user's, then the benchmark's own)."""
+    out = [*overrides, "experiment=no_buffer", f"tracking.root_dir={root}", f"loop.steps={steps}",
+           f"loop.eval_every={eval_every}", "loop.passk_every=0", "loop.checkpoint_every=0",
+           f"tracking.experiment={EXPERIMENT}"]
+    if not any(_override_key(o) == "tracking.progress" for o in overrides):
+        out.append("tracking.progress=false")  # the bar would scroll the benchmark's log away
+    if parent_run_id:
+        out.append(f"tracking.parent_run_id={parent_run_id}")
+    return out
+
+
+def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides: Sequence[str]):
+    """Everything that can be refused, refused before any work: returns (resolved config of
+    our side, eval_every). Raises BenchmarkError (or ConfigError, also a ValueError)."""
+    from replay_pipeline.resume import resolve_config
+
+    if not isinstance(steps, int) or steps < 1:
+        raise BenchmarkError(f"--steps {steps} must be an integer >= 1 (learner steps on each side)")
+    eval_every = default_eval_every(steps) if eval_every is None else eval_every
+    if not isinstance(eval_every, int) or eval_every < 0:
+        raise BenchmarkError(f"--eval-every {eval_every} must be >= 0 (0: evaluate only at the start and the end)")
+    bad = [o for o in overrides if o.startswith("-") or "=" not in o]
+    if bad:
+        raise BenchmarkError(f"{bad} are not overrides; give key=value (e.g. algo.lr=6e-5) or one of the flags "
+                             "--steps, --root, --eval-every")
+    for o in overrides:
+        key = _override_key(o)
+        if key in CONTROLLED:
+            raise BenchmarkError(f"override {o!r} is set by the benchmark ({CONTROLLED[key]})")
+    spec = importlib.util.find_spec("trl")
+    if spec is None:
+        raise BenchmarkError(f"TRL is not installed; {INSTALL_HINT}")
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(version("trl")) < Version("1.0"):
+        raise BenchmarkError(f"TRL {version('trl')} is too old (GRPOConfig as used here needs >= 1.0); {INSTALL_HINT}")
+    cfg = resolve_config(flow_overrides(root, steps, eval_every, overrides))
+    problems = []
+    if cfg.loop.mode != "sync":
+        problems.append(f"loop.mode={cfg.loop.mode}: TRL's GRPOTrainer mirrors the sync loop only; drop loop=async")
+    if cfg.buffer.strategy != "fresh":
+        problems.append(f"buffer.strategy={cfg.buffer.strategy}: the comparison is with the no-buffer baseline "
+                        "(strategy fresh); drop the buffer override")
+    if cfg.loop.updates_per_step != 1:
+        problems.append(f"loop.updates_per_step={cfg.loop.updates_per_step}: the comparison takes one learner step "
+                        "per generation step, as GRPOTrainer does with steps_per_generation=1; drop the override")
+    if cfg.algo.objective != "grpo_clip":
+        problems.append(f"algo.objective={cfg.algo.objective}: GRPOTrainer's loss is the GRPO clip; use algo=grpo")
+    if cfg.algo.kl_coef != 0:
+        problems.append(f"algo.kl_coef={cfg.algo.kl_coef}: the comparison runs without a KL penalty "
+                        "(TRL beta=0); set algo.kl_coef=0")
+    if cfg.generator.backend != "transformers":
+        problems.append(f"generator.backend={cfg.generator.backend}: TRL generates with transformers here")
+    if problems:
+        raise BenchmarkError("this configuration has no TRL counterpart:\n  - " + "\n  - ".join(problems))
+    from replay_pipeline.runs import ensure_writable
+
+    ensure_writable(root)  # PermissionError with the fix
+    return cfg, eval_every
+
+
+# ------------------------------------------------------------------ our side
+def _history(client, run_id: str, key: str) -> dict[int, float]:
+    return {int(m.step): float(m.value) for m in client.get_metric_history(run_id, key)}
+
+
+def run_ours(overrides: list[str], steps: int) -> dict[str, Any]:
+    """Run the flow with `overrides`, then read its ledger back from MLflow."""
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import train
+
+    start = time.perf_counter()
+    summary = train(overrides)
+    wall = time.perf_counter() - start
+    client = MlflowClient(tracking_uri=summary["mlflow_uri"])
+    rid = summary["mlflow_run_id"]
+    rounds = _history(client, rid, "compute/round_seconds")
+    gen = _history(client, rid, "compute/gen_seconds")
+    tokens = _history(client, rid, "compute/gen_tokens")
+    gen_train = _history(client, rid, "compute/gen_train_seconds")
+    learn = _history(client, rid, "learn/seconds")
+    evals = _history(client, rid, "eval/accuracy")
+    missing = [s for s in range(steps) if s not in rounds or s not in learn or s not in gen]
+    if missing:
+        raise RuntimeError(f"the flow's MLflow run {rid} lacks round metrics for steps {missing[:5]}")
+    step_s, gen_s = _diffs([rounds[s] for s in range(steps)]), _diffs([gen[s] for s in range(steps)])
+    points = []
+    for done, acc in sorted(evals.items()):
+        before = done - 1  # ledger figures are logged after the round with index done - 1
+        points.append({"step": done, "accuracy": acc,
+                       "gen_tokens": tokens[before] if done else 0.0,
+                       "seconds": rounds[before] if done else 0.0,
+                       "gen_train_seconds": gen_train[before] if done else 0.0})
+    return {
+        "name": "ours (flows.train, experiment=no_buffer)",
+        "run_id": summary["run_id"], "mlflow_run_id": rid,
+        "step_seconds": step_s, "gen_seconds": gen_s, "train_seconds": [learn[s] for s in range(steps)],
+        "gen_tokens": tokens[steps - 1], "evals": points, "torch_threads": torch.get_num_threads(),
+        "wall_seconds": wall,
+    }
+
+
+def _diffs(cumulative: list[float]) -> list[float]:
+    return [b - a for a, b in zip([0.0, *cumulative[:-1]], cumulative)]
+
+
+# ------------------------------------------------------------------ TRL's side
+def trl_config_kwargs(cfg, steps: int, output_dir: str | Path) -> dict[str, Any]:
+    """GRPOConfig arguments that mirror our resolved configuration (module docstring)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    loop, gen, algo = cfg.loop, cfg.generator, cfg.algo
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir), seed=int(cfg.seed), max_steps=steps,
+        per_device_train_batch_size=loop.prompts_per_step * loop.group_size,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+        num_generations=loop.group_size, shuffle_dataset=False,
+        temperature=float(gen.temperature), top_p=float(gen.top_p), top_k=0,
+        max_completion_length=int(gen.max_new_tokens),
+        learning_rate=float(algo.lr), lr_scheduler_type="constant", warmup_steps=0,
+        optim="adamw_torch", adam_beta1=float(algo.adam_beta1), adam_beta2=float(algo.adam_beta2),
+        weight_decay=float(algo.weight_decay), max_grad_norm=float(algo.max_grad_norm),
+        epsilon=float(algo.eps_low), epsilon_high=float(algo.eps_high), beta=0.0,
+        loss_type={"token_mean": "dapo", "seq_mean": "grpo"}[algo.loss_agg], scale_rewards="group",
+        bf16=False, fp16=False, use_cpu=True, report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    # transformers 5 renamed gradient checkpointing; setting the new name avoids its warning
+    kwargs["activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"] = False
+    return kwargs
+
+
+def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the flow's warm-started policy; see the module docstring."""
+    import torch
+    from datasets import Dataset
+    from omegaconf import OmegaConf
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from replay_pipeline.evaluation import evaluate_greedy
+    from replay_pipeline.generation import TransformersGenerator
+    from replay_pipeline.models.loading import load_policy
+    from replay_pipeline.runs import RunPaths
+    from replay_pipeline.tasks import task_from_config
+    from replay_pipeline.tasks.base import Prompt
+    from replay_pipeline.trainer import step_prompts
+
+    start = time.perf_counter()
+    if cfg.model.torch_threads:
+        torch.set_num_threads(cfg.model.torch_threads)
+    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
+    paths = RunPaths.make(cfg.tracking.root_dir, "trl-compare")  # only its cache/ is used
+    model, tokenizer, _ = load_policy(cfg, task, paths, log=log)
+    heldout = list(task.heldout_prompts())
+    eos = tokenizer.eos_token_id
+
+    prompts = [p for s in range(steps) for p in step_prompts(task, cfg, s)[0]]  # our flow's, in order
+    dataset = Dataset.from_dict({"prompt": [p.text for p in prompts], "answer": [p.answer for p in prompts],
+                                 "prompt_id": [p.prompt_id for p in prompts]})
+    completion_lengths: list[list[int]] = []  # one list per generation batch (= per step)
+
+    def verifier(prompts, completions, completion_ids, answer, prompt_id, **_):
+        completion_lengths.append([len(ids) for ids in completion_ids])
+        return [task.reward(Prompt(pid, text, ans), completion, "stop" if ids and ids[-1] == eos else "length")
+                for text, completion, ids, ans, pid in zip(prompts, completions, completion_ids, answer, prompt_id)]
+
+    gen_seconds: list[float] = []
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            t0 = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                gen_seconds.append(time.perf_counter() - t0)
+
+    step_seconds: list[float] = []
+    threads_seen: set[int] = set()
+    points: list[dict[str, float]] = []
+    eval_seconds: list[float] = []
+
+    # Built before TRL patches the model's forward (GRPOTrainer adds a fused LM head whose
+    # closure calls the original module's forward, so a deep copy made later would still run
+    # the trainer's module); each evaluation copies the current weights into it.
+    eval_generator = TransformersGenerator.from_config(model, tokenizer, cfg.generator)
+
+    def evaluate(done: int, policy) -> None:
+        t0 = time.perf_counter()
+        with torch.random.fork_rng(devices=[]):  # evaluating must not move TRL's sampling stream
+            eval_generator.load_weights(policy.state_dict(), done)
+            acc = evaluate_greedy(eval_generator, task, heldout, seed=cfg.seed)["eval/accuracy"]
+        eval_seconds.append(time.perf_counter() - t0)
+        tokens = float(sum(sum(batch) for batch in completion_lengths))
+        points.append({"step": done, "accuracy": acc, "gen_tokens": tokens, "seconds": sum(step_seconds),
+                       "gen_train_seconds": sum(step_seconds)})
+
+    class StepTimer(TrainerCallback):
+        began = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            threads_seen.add(torch.get_num_threads())
+            self.began = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            step_seconds.append(time.perf_counter() - self.began)
+            done = state.global_step
+            if done == steps or (eval_every and done % eval_every == 0):
+                evaluate(done, model)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers 5's renames, inside TRL
+        args = GRPOConfig(**trl_config_kwargs(cfg, steps, work_dir))
+        trainer = TimedGRPOTrainer(model=model, reward_funcs=verifier, args=args, train_dataset=dataset,
+                                   processing_class=tokenizer, callbacks=[StepTimer()])
+        trainer.remove_callback(PrinterCallback)  # it prints every log dict
+        evaluate(0, trainer.model)
+        trainer.train()
+    wall = time.perf_counter() - start
+    if len(step_seconds) != steps or len(gen_seconds) != steps or len(completion_lengths) != steps:
+        raise RuntimeError(f"TRL ran {len(step_seconds)} steps and {len(gen_seconds)} generations "
+                           f"({len(completion_lengths)} scored batches), expected {steps} of each")
+    logged = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    return {
+        "name": f"TRL {_version('trl')} GRPOTrainer",
+        "step_seconds": step_seconds, "gen_seconds": gen_seconds,
+        "train_seconds": [s - g for s, g in zip(step_seconds, gen_seconds)],
+        "gen_tokens": float(sum(sum(b) for b in completion_lengths)),
+        "completion_lengths": completion_lengths, "logged_mean_lengths": logged,
+        "batch": cfg.loop.prompts_per_step * cfg.loop.group_size,
+        "evals": points, "eval_seconds": sum(eval_seconds),
+        "torch_threads": sorted(threads_seen)[0] if len(threads_seen) == 1 else sorted(threads_seen),
+        "wall_seconds": wall,
+        # as the trainer resolved them (not as passed), so a setting TRL overrode would show here
+        "config": {k: _plain(getattr(trainer.args, k)) for k in trl_config_kwargs(cfg, steps, work_dir)
+                   if k != "output_dir"},
+        "optimizer": type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__,
+        "lr_scheduler": type(trainer.lr_scheduler).__name__,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly value (enums by their value)."""
+    value = getattr(value, "value", value)
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"
+
+
+# ------------------------------------------------------------------ report
+def side_summary(side: dict[str, Any]) -> dict[str, float]:
+    accs = [p["accuracy"] for p in side["evals"]]
+    steps = side["step_seconds"]
+    return {
+        "step_seconds_mean": statistics.fmean(steps), "step_seconds_median": statistics.median(steps),
+        "gen_seconds_mean": statistics.fmean(side["gen_seconds"]),
+        "train_seconds_mean": statistics.fmean(side["train_seconds"]),
+        "other_seconds_mean": statistics.fmean(s - g - t for s, g, t in
+                                               zip(steps, side["gen_seconds"], side["train_seconds"])),
+        "total_step_seconds": sum(steps), "gen_tokens": side["gen_tokens"],
+        "accuracy_start": accs[0], "accuracy_final": accs[-1], "accuracy_best": max(accs),
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    ours, trl = result["ours"], result["trl"]
+    a, b = ours["summary"], trl["summary"]
+    s = result["settings"]
+    lines = [
+        f"Side by side with TRL: {s['steps']} learner steps each, {s['prompts_per_step']} prompts x "
+        f"{s['group_size']} completions per step, T={s['temperature']}, max_new_tokens={s['max_new_tokens']}, "
+        f"lr={s['lr']}, eps={s['eps_low']}/{s['eps_high']}, max_grad_norm={s['max_grad_norm']}, "
+        f"{s['torch_threads']} torch threads, seed {s['seed']}",
+        f"  ours: run {ours['run_id']}    TRL: {trl['name']} ({trl['optimizer']}, {trl['lr_scheduler']})",
+        "",
+        f"  {'':34}{'ours (no_buffer)':>18}{'TRL GRPOTrainer':>18}",
+    ]
+
+    def row(label: str, x: float, y: float | None, fmt: str = "{:.3f}") -> None:
+        right = "-" if y is None else fmt.format(y)
+        lines.append(f"  {label:34}{fmt.format(x):>18}{right:>18}")
+
+    row("seconds / learner step, mean", a["step_seconds_mean"], b["step_seconds_mean"])
+    row("seconds / learner step, median", a["step_seconds_median"], b["step_seconds_median"])
+    row("  generation (+ reward), mean", a["gen_seconds_mean"], b["gen_seconds_mean"])
+    row("  training, mean", a["train_seconds_mean"], b["train_seconds_mean"])
+    row("  other (pipeline), mean", a["other_seconds_mean"], None)  # TRL's is inside its two phases
+    row("seconds in steps, total", a["total_step_seconds"], b["total_step_seconds"], "{:.1f}")
+    row("generated tokens", a["gen_tokens"], b["gen_tokens"], "{:,.0f}")
+    row("held-out accuracy, start", a["accuracy_start"], b["accuracy_start"])
+    row("held-out accuracy, final", a["accuracy_final"], b["accuracy_final"])
+    row("held-out accuracy, best", a["accuracy_best"], b["accuracy_best"])
+    row("side wall seconds (setup, evals)", ours["wall_seconds"], trl["wall_seconds"], "{:.1f}")
+    ratio = b["step_seconds_mean"] / a["step_seconds_mean"]
+    head = f"{'tokens':>8} {'seconds':>8}"
+    lines += ["", f"  TRL / ours, seconds per step (mean): {ratio:.2f}x",
+              "", f"  held-out greedy accuracy ({s['heldout_prompts']} prompts) against compute:",
+              f"  {'step':>5} | {'ours acc':>8} {head} | {'TRL acc':>8} {head}"]
+    trl_at = {p["step"]: p for p in trl["evals"]}
+    for p in ours["evals"]:
+        q = trl_at.get(p["step"])
+        right = (f"{q['accuracy']:8.3f} {q['gen_tokens']:8.0f} {q['seconds']:8.1f}" if q else f"{'-':>8}" * 3)
+        lines.append(f"  {p['step']:>5} | {p['accuracy']:8.3f} {p['gen_tokens']:8.0f} {p['seconds']:8.1f} | {right}")
+    lines += ["", f"  {result['json_path']}", f"  {result['png_path']}",
+              f"  MLflow: experiment {EXPERIMENT!r}, run {result['mlflow_run_id']} ({result['mlflow_uri']})"]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, label, style in (("ours", "ours (no_buffer)", "o-"), ("trl", "TRL GRPOTrainer", "s--")):
+        evals = result[key]["evals"]
+        acc = [p["accuracy"] for p in evals]
+        axes[0].plot([p["gen_tokens"] for p in evals], acc, style, label=label)
+        axes[1].plot([p["seconds"] for p in evals], acc, style, label=label)
+    axes[0].set_xlabel("cumulative generated tokens")
+    axes[1].set_xlabel("cumulative seconds in learner steps")
+    for ax in axes:
+        ax.set_ylabel("held-out greedy accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    s = result["settings"]
+    fig.suptitle(f"{s['steps']} steps, {s['prompts_per_step']}x{s['group_size']} rollouts/step, "
+                 f"lr {s['lr']}, {s['torch_threads']} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ the benchmark
+def run_benchmark(steps: int, root: str | Path, eval_every: int | None = None,
+                  overrides: Sequence[str] = (), log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Run both sides and write the outputs; returns the result (also in the JSON file)."""
+    import torch
+
+    overrides = list(overrides)
+    _prefect_home(root)
+    cfg, eval_every = check_inputs(steps, root, eval_every, overrides)
+
+    from replay_pipeline.runs import RunPaths, new_run_id
+    from replay_pipeline.trainer import artifact_location
+    from replay_pipeline.tracking import MlflowTracker
+
+    stamp = new_run_id()
+    paths = RunPaths.make(root, f"trl_compare-{stamp}")
+    out_dir = paths.root / "benchmarks" / f"trl_compare-{stamp}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mlflow_uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
+    tracker = MlflowTracker(uri=mlflow_uri, experiment=EXPERIMENT,
+                            artifact_location=artifact_location(cfg, paths, mlflow_uri),
+                            run_name=f"trl_compare-{stamp}", tags={"replay_pipeline.benchmark": "trl_compare"})
+    status = "FAILED"
+    try:
+        settings = {
+            "steps": steps, "eval_every": eval_every, "seed": int(cfg.seed),
+            "prompts_per_step": cfg.loop.prompts_per_step, "group_size": cfg.loop.group_size,
+            "batch": cfg.loop.prompts_per_step * cfg.loop.group_size,
+            "temperature": cfg.generator.temperature, "top_p": cfg.generator.top_p,
+            "max_new_tokens": cfg.generator.max_new_tokens, "lr": cfg.algo.lr,
+            "eps_low": cfg.algo.eps_low, "eps_high": cfg.algo.eps_high,
+            "max_grad_norm": cfg.algo.max_grad_norm, "loss_agg": cfg.algo.loss_agg,
+            "torch_threads": cfg.model.torch_threads or torch.get_num_threads(),
+            "heldout_prompts": cfg.task.heldout_size, "overrides": overrides,
+            "versions": {p: _version(p) for p in ("trl", "transformers", "torch", "accelerate")},
+        }
+        tracker.log_params({f"settings.{k}": v for k, v in settings.items() if k != "versions"}
+                           | {f"versions.{k}": v for k, v in settings["versions"].items()})
+        log(f"[trl_compare] our side: flows.train experiment=no_buffer, {steps} steps")
+        ours = run_ours(flow_overrides(root, steps, eval_every, overrides, tracker.run_id), steps)
+        log(f"[trl_compare] TRL's side: GRPOTrainer, {steps} steps")
+        trl = run_trl(cfg, steps, eval_every, out_dir / "trl-output", log=log)
+        _remove_if_empty(out_dir / "trl-output")
+        ours["summary"], trl["summary"] = side_summary(ours), side_summary(trl)
+        result = {"settings": settings, "ours": ours, "trl": trl, "out_dir": str(out_dir),
+                  "json_path": str(out_dir / RESULT_JSON), "png_path": str(out_dir / RESULT_PNG),
+                  "mlflow_run_id": tracker.run_id, "mlflow_uri": mlflow_uri, "experiment": EXPERIMENT}
+        (out_dir / RESULT_JSON).write_text(json.dumps(result, indent=2, default=str))
+        plot(result, out_dir / RESULT_PNG)
+        for key in ("ours", "trl"):
+            for p in result[key]["evals"]:
+                tracker.log_metrics({f"{key}/accuracy": p["accuracy"], f"{key}/gen_tokens": p["gen_tokens"],
+                                     f"{key}/seconds": p["seconds"]}, step=p["step"])
+            tracker.log_metrics({f"{key}/{k}": v for k, v in result[key]["summary"].items()}, step=steps)
+        tracker.set_tags({"replay_pipeline.flow_run_id": ours["run_id"],
+                          "replay_pipeline.flow_mlflow_run_id": ours["mlflow_run_id"]})
+        tracker.log_artifacts(out_dir)
+        status = "FINISHED"
+        return result
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.finish(status)
+
+
+def _prefect_home(root: str | Path) -> None:
+    """Prefect's ephemeral state under the run root, as `python -m flows.train` keeps it
+    (effective only before Prefect is first imported; a set PREFECT_HOME wins)."""
+    os.environ.setdefault("PREFECT_HOME", str(Path(root).expanduser().resolve() / ".prefect"))
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m replay_pipeline.benchmarks.trl_compare",
+        description="Our no-buffer loop and TRL's GRPOTrainer side by side: seconds per learner step "
+                    "and held-out accuracy against compute.")
+    parser.add_argument("--steps", type=int, default=100, help="learner steps on each side (default 100)")
+    parser.add_argument("--root", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"),
+                        help="run root (tracking.root_dir); outputs under <root>/benchmarks/")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="held-out evaluation every E steps, plus start and end (default steps // 10; "
+                             "0: start and end only)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sides, e.g. algo.lr=6e-5")
+    args = parser.parse_args(argv)
+    _prefect_home(args.root)
+    from replay_pipeline.config import ConfigError
+
+    try:
+        check_inputs(args.steps, args.root, args.eval_every, args.overrides)  # fail before any work
+    except (BenchmarkError, ConfigError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = run_benchmark(args.steps, args.root, args.eval_every, args.overrides)
+    print()
+    print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
