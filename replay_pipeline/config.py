@@ -77,12 +77,46 @@ class TaskConfig:
     """Prompts used only to stop the warm start; disjoint from the held-out set."""
     split_seed: int = 1234
     """Seed of the train/validation/held-out split (keep fixed across runs to compare them)."""
+    # Math task (task.name=math, presets task=gsm8k and task=math; replay_pipeline/tasks/math.py).
+    # The addition task takes none of these; setting one with it is refused.
+    path: Optional[str] = None
+    """Math task, required: local training data, a .jsonl/.json/.parquet/.arrow file, a
+    directory of them (e.g. a datasets cache directory) or a datasets save_to_disk directory.
+    Nothing is downloaded."""
+    format: str = "auto"
+    """Math task: `gsm8k` (question + answer ending in "#### x"), `math` (problem + solution
+    with \\boxed{x}, or an answer column) or `auto` (told from the columns)."""
+    question_field: Optional[str] = None
+    """Math task: column with the problem text (None: question / problem)."""
+    answer_field: Optional[str] = None
+    """Math task: column with the reference answer or solution (None: answer / solution)."""
+    prompt_template: Optional[str] = None
+    """Math task: prompt text with {question} where the problem goes (None: the format's
+    default, asking for the answer after "####" or in \\boxed{})."""
+    heldout_path: Optional[str] = None
+    """Math task: separate held-out data (e.g. the test file), removed from training too;
+    None: held out from task.path."""
+    split: str = "train"
+    """Math task: split read from a DatasetDict or a directory of per-split files."""
+    heldout_split: str = "test"
+    """Math task: the same for task.heldout_path."""
+    max_prompts: Optional[int] = None
+    """Math task: at most this many training problems (None: all left after held-out and
+    validation)."""
+    answer_fallback: Optional[str] = None
+    """Math task: `last_number` scores the completion's last number when it gives no "####" or
+    \\boxed{} answer (lenient); None: an explicit final answer is required."""
+    score_truncated: bool = True
+    """Math task: completions cut by generator.max_new_tokens still score when their final
+    answer is complete; false: only completions that emitted the end token score."""
 
 
 @dataclass
 class GeneratorConfig:
     backend: str = "transformers"
-    """Generation backend: `transformers` (CPU or GPU). `vllm` arrives with its own issue."""
+    """Generation backend: `transformers` (CPU or GPU, in the learner's process) or `vllm`
+    (`generator=vllm`: a vLLM engine on a CUDA GPU, needs the `vllm` extra;
+    replay_pipeline/generation/vllm_backend.py)."""
     temperature: float = 1.0
     """Sampling temperature for training rollouts. Behaviour log-probs are those of
     softmax(logits / temperature), and the learner uses the same temperature."""
@@ -92,7 +126,39 @@ class GeneratorConfig:
     max_new_tokens: int = 6
     """Completion length cap; a completion that hits it ends with finish_reason="length"."""
     batch_size: int = 256
-    """Prompt rows per generate() call (memory bound, not a training knob)."""
+    """Prompt rows per generate() call (memory bound, not a training knob). vllm: the
+    engine's max_num_seqs (sequences decoded at once); one call submits every prompt."""
+    # vLLM engine settings (generator.backend=vllm only; setting one with the transformers
+    # backend is refused). The defaults leave room for a learner on the same GPU.
+    gpu_memory_utilization: float = 0.3
+    """vllm only: fraction of the GPU's total memory the engine takes for its weights,
+    activations and KV cache (vLLM's own default, 0.92, would leave nothing for a learner on
+    the same GPU); the engine refuses to start if that much is not free."""
+    max_model_len: Optional[int] = None
+    """vllm only: longest prompt + completion the engine serves, which sizes its KV cache;
+    None: the model's max_position_embeddings. Longer requests are refused before sampling."""
+    dtype: str = "auto"
+    """vllm only: the engine's weight and activation dtype: `auto` (the checkpoint's; vLLM
+    runs float32 checkpoints in float16), `bfloat16`, `float16` or `float32`. Behaviour
+    log-probs come from this dtype's logits; the learner re-scores in its own."""
+    enforce_eager: bool = False
+    """vllm only: skip CUDA-graph capture (faster engine start, slower decoding)."""
+    enable_sleep_mode: bool = False
+    """vllm only: put the engine to sleep (level 1: weights offloaded to CPU memory, KV cache
+    dropped) after every generate() call, freeing its GPU memory for the learner; it wakes
+    the weights for the next load_weights and the KV cache for the next generate()."""
+    rescore_top_p: bool = True
+    """vllm only: re-score calls that sample with top_p < 1 with a teacher-forced pass of a
+    transformers copy of the policy kept on the GPU (updated with every publication), so their
+    log-probs are softmax(logits / temperature) without truncation, the learner's. false: no
+    copy (saves one model of GPU memory); such calls keep vLLM's nucleus-renormalised
+    log-probs, so generator.top_p must then be 1 (evaluation's pass@1 at top_p 0.95 reads no
+    log-probs)."""
+
+
+VLLM_ONLY_FIELDS = ("gpu_memory_utilization", "max_model_len", "dtype", "enforce_eager",
+                    "enable_sleep_mode", "rescore_top_p")
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 @dataclass
@@ -280,7 +346,7 @@ class Config:
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
-GENERATOR_BACKENDS = ("transformers",)
+GENERATOR_BACKENDS = ("transformers", "vllm")  # replay_pipeline.generation.build_generator
 LOOP_MODES = ("sync", "async")
 LOOP_ENGINES = ("local", "dask")
 
@@ -426,8 +492,10 @@ def validate(cfg: DictConfig | Config) -> None:
     need(0 < gen.top_p <= 1, f"generator.top_p={gen.top_p} must be in (0, 1]")
     need(gen.max_new_tokens >= 1, f"generator.max_new_tokens={gen.max_new_tokens} must be >= 1")
     need(gen.batch_size >= 1, f"generator.batch_size={gen.batch_size} must be >= 1")
+    problems.extend(_generator_backend_problems(gen, loop))
 
     need(task.name in TASKS, f"task.name={task.name!r} is not one of {sorted(TASKS)}")
+    problems.extend(_task_problems(task))
     if model.path is None and model.name != "tiny":
         problems.append(f"model={model.name} needs a checkpoint: set model.path=/path/to/hf/checkpoint "
                         "(a directory written by save_pretrained), or use model=tiny")
@@ -450,6 +518,9 @@ def validate(cfg: DictConfig | Config) -> None:
                  f"generator.max_new_tokens={gen.max_new_tokens} with task.digits={task.digits} makes "
                  f"sequences of {longest} tokens, more than the built-in model's {MAX_POSITIONS} "
                  f"positions; lower generator.max_new_tokens to at most {MAX_POSITIONS - 2 * task.digits - 3}")
+        need(task.name == "addition",
+             f"task.name={task.name} needs a Hugging Face model: the built-in tiny model's tokenizer only "
+             "knows the addition task's characters; add model=hf model.path=/path/to/checkpoint")
         need(0 <= model.warmstart.target_accuracy <= 1,
              f"model.warmstart.target_accuracy={model.warmstart.target_accuracy} must be in [0, 1]")
     need(model.torch_threads >= 0, f"model.torch_threads={model.torch_threads} must be >= 0")
@@ -468,6 +539,71 @@ def validate(cfg: DictConfig | Config) -> None:
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
     _probe_buffer_storage(buf)
+
+
+def _generator_backend_problems(gen: Any, loop: Any) -> list[str]:
+    """The vLLM backend's settings, and whether it can run here (vllm installed, a CUDA GPU:
+    checked without importing vllm); vLLM-only settings with another backend."""
+    defaults = GeneratorConfig()
+    if gen.backend != "vllm":
+        return [f"generator.{key}={getattr(gen, key)} is only used by generator.backend=vllm; drop it "
+                "or add generator=vllm" for key in VLLM_ONLY_FIELDS if getattr(gen, key) != getattr(defaults, key)]
+    from replay_pipeline.generation.vllm_backend import VLLM_INSTALL, vllm_unavailable
+
+    problems = []
+    reason = vllm_unavailable()
+    if reason:
+        problems.append(f"generator.backend=vllm cannot run here: {reason}. {VLLM_INSTALL}; or use "
+                        "generator=transformers")
+    if loop.mode == "async":
+        problems.append("generator.backend=vllm runs in the sync loop only (the async loop's generator "
+                        "processes build transformers generators); drop loop=async or use generator=transformers")
+    if not 0 < gen.gpu_memory_utilization <= 1:
+        problems.append(f"generator.gpu_memory_utilization={gen.gpu_memory_utilization} must be in (0, 1]")
+    if gen.max_model_len is not None and gen.max_model_len < 2:
+        problems.append(f"generator.max_model_len={gen.max_model_len} must be >= 2, or null for the model's")
+    if gen.dtype not in VLLM_DTYPES:
+        problems.append(f"generator.dtype={gen.dtype!r} is not one of {list(VLLM_DTYPES)}")
+    if not gen.rescore_top_p and gen.top_p < 1:
+        problems.append(f"generator.top_p={gen.top_p} with generator.rescore_top_p=false would store vLLM's "
+                        "nucleus-renormalised log-probs for training rollouts; set generator.rescore_top_p=true "
+                        "or generator.top_p=1")
+    return problems
+
+
+def _task_problems(task: Any) -> list[str]:
+    """What is wrong with the task section: fields of another task, the math task's data."""
+    from replay_pipeline.tasks import unused_task_fields
+    from replay_pipeline.tasks.answers import FALLBACKS
+    from replay_pipeline.tasks.math import FORMATS
+
+    fields = OmegaConf.to_container(task, resolve=True) if isinstance(task, DictConfig) else dict(vars(task))
+    problems = [f"task.{key}={fields[key]} is not used by task.name={task.name}; drop it"
+                + (" (the data fields are for task=gsm8k or task=math)" if task.name == "addition" else "")
+                for key in unused_task_fields(str(task.name), fields)]
+    if task.name != "math":
+        return problems
+    if task.path is None or not str(task.path).strip():
+        problems.append("task.name=math needs its data: set task.path=/path/to/train.jsonl (a .jsonl, .json, "
+                        ".parquet or .arrow file, a directory of them, or a datasets save_to_disk directory; "
+                        "nothing is downloaded), e.g. python -m flows.train task=gsm8k "
+                        "task.path=/data/gsm8k/train.jsonl model=hf model.path=/path/to/checkpoint")
+    for key in ("path", "heldout_path"):
+        value = getattr(task, key)
+        if value is not None and str(value).strip() and not Path(os.path.expanduser(str(value))).exists():
+            problems.append(f"task.{key}={value} does not exist; give a local file or directory")
+    if task.format not in FORMATS:
+        problems.append(f"task.format={task.format!r} is not one of {list(FORMATS)}")
+    if task.answer_fallback not in FALLBACKS:
+        problems.append(f"task.answer_fallback={task.answer_fallback!r} must be null or last_number")
+    if task.max_prompts is not None and task.max_prompts < 1:
+        problems.append(f"task.max_prompts={task.max_prompts} must be >= 1, or null for all")
+    if task.heldout_size < 1 or task.validation_size < 0:
+        problems.append(f"task.heldout_size={task.heldout_size} must be >= 1 and task.validation_size="
+                        f"{task.validation_size} >= 0")
+    if task.prompt_template is not None and "{question}" not in str(task.prompt_template):
+        problems.append("task.prompt_template has no {question} placeholder; put {question} where the problem goes")
+    return problems
 
 
 def _buffer_storage_problems(buf: Any) -> list[str]:

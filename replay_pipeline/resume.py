@@ -26,6 +26,8 @@ overrides is harmless).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import hashlib
 import json
 from pathlib import Path
@@ -57,10 +59,17 @@ FORK_FREE = ("tracking.progress", "tracking.root_dir", "model.torch_threads")
 RUN_INFO = "run.json"
 
 
-def config_hash(cfg: DictConfig | dict) -> str:
+def config_hash(cfg: DictConfig | dict, keys: Iterable[str] | None = None) -> str:
     """SHA-256 (16 hex digits) of every key that shapes the trajectory (not RESUMABLE or
-    IDENTITY keys), so a resume can prove it continues with the configuration it stopped with."""
-    flat = {k: v for k, v in flatten(cfg).items() if k not in RESUMABLE and not _identity(k)}
+    IDENTITY keys), so a resume can prove it continues with the configuration it stopped with.
+
+    ``keys`` restricts the hash to those keys: a resume hashes the keys of the run's saved
+    config.yaml only, so configuration fields added to the project after the run was saved
+    (which resolve_config keeps at their defaults on a resume) do not make its checkpoints
+    unresumable."""
+    wanted = None if keys is None else set(keys)
+    flat = {k: v for k, v in flatten(cfg).items()
+            if k not in RESUMABLE and not _identity(k) and (wanted is None or k in wanted)}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -59,10 +59,10 @@ from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoin
 from replay_pipeline.compute import ComputeLedger
 from replay_pipeline.config import Config, flatten
 from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
-from replay_pipeline.generation import Sample, TransformersGenerator
+from replay_pipeline.generation import Sample, TransformersGenerator, build_generator
 from replay_pipeline.learner import Learner
 from replay_pipeline.models.loading import load_pretrained, load_policy
-from replay_pipeline.resume import RUN_INFO, config_hash, parse_fork, read_run_info
+from replay_pipeline.resume import RUN_INFO, config_hash, parse_fork, read_run_info, saved_config
 from replay_pipeline.runs import RunPaths, new_run_id
 from replay_pipeline.scoring import group_advantages, safe_reward, warn_flagged
 from replay_pipeline.tasks import task_from_config
@@ -181,8 +181,10 @@ class TrainingRun:
         # The start policy (version 0) first, also on resume: it is the KL reference.
         model, tokenizer, policy_info = load_policy(cfg, task, paths, log=log)
         gen_cfg = cfg.generator
-        generator = TransformersGenerator.from_config(model, tokenizer, gen_cfg)
-        generator.share_weights(model)  # the learner's updates are the generator's (no copy per round)
+        # By generator.backend; a vLLM engine loads the checkpoint directory the policy came from.
+        generator = build_generator(gen_cfg, model, tokenizer, checkpoint_dir=policy_info.get("path"))
+        if callable(getattr(generator, "share_weights", None)):  # not across a separate engine (vLLM)
+            generator.share_weights(model)  # the learner's updates are the generator's (no copy per round)
         a = cfg.algo
         learner = Learner(
             model, objective=a.objective, lr=a.lr,
@@ -883,10 +885,12 @@ def _start_point(cfg: DictConfig, mode: str, paths: RunPaths, log: Callable[[str
         path, state = found
         if state.get("run_id") not in (None, paths.run_id):
             raise CheckpointError(f"{path} belongs to run {state.get('run_id')!r}, not {paths.run_id!r}")
-        if state.get("config_hash") != config_hash(cfg):
+        # Hashed over the keys the run saved: fields added to the project since keep their defaults.
+        current = config_hash(cfg, keys=flatten(saved_config(paths.root, paths.run_id)))
+        if state.get("config_hash") != current:
             raise CheckpointError(
                 f"{path} was written with a different configuration (config hash "
-                f"{state.get('config_hash')} != {config_hash(cfg)}): {paths.run_dir / 'config.yaml'} "
+                f"{state.get('config_hash')} != {current}): {paths.run_dir / 'config.yaml'} "
                 f"was changed since. Restore it, or fork the run instead: fork={paths.run_id}@{state['step']}")
         return found, {"mode": "resume", "checkpoint": str(path)}
     if list_checkpoints(paths.checkpoints):

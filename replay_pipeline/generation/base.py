@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -14,3 +15,18 @@ class Sample:
     logprobs: list[float]            # behaviour log-prob of each completion token
     text: str                        # decoded completion, special tokens removed
     finish_reason: str               # "stop" (emitted <eos>) or "length" (hit max_new_tokens)
+
+
+def check_positions(prompts: Sequence[str], encoded: list[list[int]], max_new: int, limit: int | None,
+                    what: str) -> None:
+    """Refuse, before generating, a batch whose longest prompt plus `max_new` tokens would pass
+    the model's `limit` positions (`what` names that limit in the message)."""
+    if not limit or not encoded:
+        return
+    i = max(range(len(encoded)), key=lambda k: len(encoded[k]))
+    if len(encoded[i]) + max_new > limit:
+        raise ValueError(
+            f"prompt {i} ({prompts[i][:40]!r}) has {len(encoded[i])} tokens; with "
+            f"max_new_tokens={max_new} a sequence could reach {len(encoded[i]) + max_new} "
+            f"positions, more than {what}. Lower generator.max_new_tokens to at most "
+            f"{max(limit - len(encoded[i]), 0)}, shorten the prompts, or use a model with more positions")

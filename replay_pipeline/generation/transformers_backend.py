@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from replay_pipeline.generation.base import Sample
+from replay_pipeline.generation.base import Sample, check_positions
 
 
 class TransformersGenerator:
@@ -120,17 +120,8 @@ class TransformersGenerator:
         return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
 
     def _check_positions(self, prompts: Sequence[str], encoded: list[list[int]], max_new: int) -> None:
-        limit = self.max_positions
-        if not limit or not encoded:
-            return
-        i = max(range(len(encoded)), key=lambda k: len(encoded[k]))
-        if len(encoded[i]) + max_new > limit:
-            raise ValueError(
-                f"prompt {i} ({prompts[i][:40]!r}) has {len(encoded[i])} tokens; with "
-                f"max_new_tokens={max_new} a sequence could reach {len(encoded[i]) + max_new} "
-                f"positions, more than the model's max_position_embeddings={limit}. Lower "
-                f"generator.max_new_tokens to at most {max(limit - len(encoded[i]), 0)}, "
-                f"shorten the prompts, or use a model with more positions")
+        check_positions(prompts, encoded, max_new, self.max_positions,
+                        f"the model's max_position_embeddings={self.max_positions}")
 
     def _generate_rows(self, rows: list[list[int]], greedy: bool, temperature: float,
                        top_p: float, max_new: int) -> list[Sample]:

@@ -1,21 +1,38 @@
-"""Tasks: prompt sets with exact verifiers, looked up by name."""
+"""Tasks: prompt sets with exact verifiers, looked up by name.
+
+The config's `task` section (replay_pipeline.config.TaskConfig) holds the fields of every
+task; each task's constructor takes only its own. :func:`task_from_config` passes a task the
+fields its constructor accepts and drops the other tasks' fields while they are at their
+defaults; one set to something else (`task.path` with task.name=addition) is an error, not
+silently ignored.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from replay_pipeline.tasks.addition import AdditionTask
 from replay_pipeline.tasks.base import Prompt, Task
+from replay_pipeline.tasks.math import MathTask
 
-TASKS: dict[str, type] = {"addition": AdditionTask}
+TASKS: dict[str, type] = {"addition": AdditionTask, "math": MathTask}
 
 
 def task_from_config(task_cfg: Mapping[str, Any]) -> Task:
     """The task a config's `task` section describes: `name` picks it, the rest are its
-    constructor arguments."""
+    constructor arguments (other tasks' fields at their defaults are left out)."""
     fields = dict(task_cfg)
-    return make_task(fields.pop("name"), **fields)
+    name = fields.pop("name")
+    unused = unused_task_fields(name, fields)
+    if unused:
+        raise ValueError(f"task {name!r} does not use {', '.join(f'task.{k}' for k in unused)}; "
+                         "drop those overrides, or pick the task that uses them")
+    accepted = constructor_args(name)
+    defaults = _task_config_defaults()
+    return make_task(name, **{k: v for k, v in fields.items() if k in accepted or k not in defaults})
 
 
 def make_task(name: str, **kwargs: Any) -> Task:
@@ -25,4 +42,29 @@ def make_task(name: str, **kwargs: Any) -> Task:
     return TASKS[name](**kwargs)
 
 
-__all__ = ["TASKS", "AdditionTask", "Prompt", "Task", "make_task", "task_from_config"]
+def constructor_args(name: str) -> set[str]:
+    """Keyword arguments the task registered as `name` accepts."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return {p.name for p in inspect.signature(TASKS[name]).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def unused_task_fields(name: str, fields: Mapping[str, Any]) -> list[str]:
+    """TaskConfig fields in `fields` that task `name` does not take but that differ from their
+    defaults (so the user set them for nothing). Unknown tasks: none (reported elsewhere)."""
+    if name not in TASKS:
+        return []
+    accepted, defaults = constructor_args(name), _task_config_defaults()
+    return sorted(k for k, v in fields.items()
+                  if k != "name" and k in defaults and k not in accepted and v != defaults[k])
+
+
+def _task_config_defaults() -> dict[str, Any]:
+    from replay_pipeline.config import TaskConfig  # late: config imports this package lazily too
+
+    return {f.name: f.default for f in dataclasses.fields(TaskConfig)}
+
+
+__all__ = ["TASKS", "AdditionTask", "MathTask", "Prompt", "Task", "constructor_args", "make_task",
+           "task_from_config", "unused_task_fields"]

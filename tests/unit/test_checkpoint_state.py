@@ -13,7 +13,7 @@ import torch
 from replay_pipeline import checkpoints, faults
 from replay_pipeline.checkpoints import CheckpointError
 from replay_pipeline.resume import RESUMABLE, config_hash
-from replay_pipeline.config import load_config
+from replay_pipeline.config import flatten, load_config
 
 
 def test_rng_states_round_trip_through_json():
@@ -94,3 +94,16 @@ def test_config_hash_ignores_only_what_a_resume_may_change():
     assert config_hash(base) != config_hash(load_config(["algo.lr=0.1"]))
     assert config_hash(base) != config_hash(load_config(["seed=1"]))
     assert "loop.steps" in RESUMABLE and "algo.lr" not in RESUMABLE
+
+
+def test_config_hash_over_a_saved_runs_keys_ignores_fields_added_since():
+    from omegaconf import OmegaConf
+
+    cfg = load_config([])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    del saved["generator"]["gpu_memory_utilization"]  # a field a run saved before it existed lacks
+    stored = config_hash(saved)  # what that run's checkpoints carry
+    assert config_hash(cfg) != stored
+    assert config_hash(cfg, keys=flatten(saved)) == stored
+    changed = load_config(["algo.lr=0.1"])
+    assert config_hash(changed, keys=flatten(saved)) != stored  # a real change still shows
