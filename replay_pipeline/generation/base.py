@@ -17,6 +17,18 @@ class Sample:
     finish_reason: str               # "stop" (emitted <eos>) or "length" (hit max_new_tokens)
 
 
+def call_settings(gen, temperature: float | None, top_p: float | None,
+                  max_new_tokens: int | None) -> tuple[float, float, int]:
+    """A generate() call's temperature, top_p and max_new_tokens: the arguments given, else the
+    generator's own settings; a negative max_new_tokens is refused."""
+    temperature = gen.temperature if temperature is None else temperature
+    top_p = gen.top_p if top_p is None else top_p
+    max_new = gen.max_new_tokens if max_new_tokens is None else max_new_tokens
+    if max_new < 0:
+        raise ValueError(f"max_new_tokens={max_new} must be >= 0")
+    return temperature, top_p, max_new
+
+
 def check_positions(prompts: Sequence[str], encoded: list[list[int]], max_new: int, limit: int | None,
                     what: str) -> None:
     """Refuse, before generating, a batch whose longest prompt plus `max_new` tokens would pass

@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from replay_pipeline.generation.base import Sample, check_positions
+from replay_pipeline.generation.base import Sample, call_settings, check_positions
 
 
 class TransformersGenerator:
@@ -95,11 +95,7 @@ class TransformersGenerator:
                  temperature: float | None = None, top_p: float | None = None,
                  max_new_tokens: int | None = None) -> list[list[Sample]]:
         """`n` completions of every prompt; result[i][j] is sample j of prompt i."""
-        temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if max_new < 0:
-            raise ValueError(f"max_new_tokens={max_new} must be >= 0")
+        temperature, top_p, max_new = call_settings(self, temperature, top_p, max_new_tokens)
         encoded = [self.tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
         self._check_positions(prompts, encoded, max_new)
         rows = [ids for ids in encoded for _ in range(n)]  # group-major: prompt i's samples adjacent

@@ -100,7 +100,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from replay_pipeline.generation.base import Sample, check_positions
+from replay_pipeline.generation.base import Sample, call_settings, check_positions
 
 log = logging.getLogger(__name__)
 
@@ -301,11 +301,7 @@ class VLLMGenerator:
                  temperature: float | None = None, top_p: float | None = None,
                  max_new_tokens: int | None = None) -> list[list[Sample]]:
         """`n` completions of every prompt; result[i][j] is sample j of prompt i."""
-        temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if max_new < 0:
-            raise ValueError(f"max_new_tokens={max_new} must be >= 0")
+        temperature, top_p, max_new = call_settings(self, temperature, top_p, max_new_tokens)
         if not greedy and not temperature > 0:
             raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for argmax decoding)")
         if not 0 < top_p <= 1:
