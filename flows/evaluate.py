@@ -116,21 +116,49 @@ def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
     return Target(paths, ckpt, step, version, mlflow_run_id, uri, cfg)
 
 
-def load_generator(target: Target):
-    """The checkpoint's model and tokenizer behind a generator with the run's settings."""
+def load_generator(target: Target, task):
+    """The checkpoint's policy behind a generator with the run's settings (generator.backend,
+    replay_pipeline.generation.build_generator), on the run's model.device. Close it after use."""
     import torch
+    from omegaconf import OmegaConf
     from transformers.utils import logging as hf_logging
 
-    from replay_pipeline.generation import TransformersGenerator
-    from replay_pipeline.models.loading import load_pretrained
+    from replay_pipeline.config import GeneratorConfig
+    from replay_pipeline.generation import generator_from_pretrained
+    from replay_pipeline.models.device import resolve_device
+    from replay_pipeline.models.loading import read_state_dict
 
     hf_logging.disable_progress_bar()  # per-file load bars would bury the summary
 
     cfg = target.cfg
     if cfg.model.get("torch_threads"):
         torch.set_num_threads(cfg.model.torch_threads)
-    model, tokenizer = load_pretrained(target.checkpoint / "model")
-    return TransformersGenerator.from_config(model, tokenizer, cfg.generator, copy_model=False)
+    # A run saved before a generator field existed evaluates with that field's default.
+    gen_cfg = OmegaConf.merge(OmegaConf.structured(GeneratorConfig), cfg.generator)
+    model_dir = target.checkpoint / "model"
+    engine = engine_dir(target, task)
+    generator = generator_from_pretrained(gen_cfg, model_dir, resolve_device(cfg.model.get("device", "auto")),
+                                          checkpoint_dir=engine)
+    if engine != model_dir:  # a vLLM engine on the starting policy: give it the checkpoint's weights
+        try:
+            generator.load_weights(read_state_dict(model_dir), target.policy_version)
+        except BaseException:
+            generator.close()
+            raise
+    return generator
+
+
+def engine_dir(target: Target, task) -> Path:
+    """The Hugging Face directory a vLLM engine builds from: the checkpoint's `model/` when it
+    is one (config.json; save_pretrained writes it), else the run's starting policy directory
+    (model.path or the cached warm start: replay_pipeline.models.loading.policy_dir, the
+    directory the trainer's engine was built from), whose weights the checkpoint's replace."""
+    from replay_pipeline.models.loading import policy_dir
+
+    model_dir = target.checkpoint / "model"
+    if (model_dir / "config.json").is_file():
+        return model_dir
+    return policy_dir(target.cfg, task, target.paths)
 
 
 def build_task(cfg):
@@ -172,8 +200,11 @@ def evaluate(run_id: str, root: str = "runs", step: int | None = None, n: int = 
     heldout = list(task.heldout_prompts())
     if prompts is not None:
         heldout = heldout[:prompts]
-    generator = load_generator(target)
-    metrics = evaluate_all(generator, task, heldout, n=n, seed=seed)
+    generator = load_generator(target, task)
+    try:
+        metrics = evaluate_all(generator, task, heldout, n=n, seed=seed)
+    finally:
+        generator.close()  # a vLLM engine's GPU memory
     metrics["eval/policy_version"] = float(target.policy_version)
 
     record = {"run_id": run_id, "checkpoint": str(target.checkpoint), "step": target.step,

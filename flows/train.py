@@ -11,12 +11,14 @@ Stopping: Ctrl-C marks the MLflow run KILLED; SIGTERM (what `kill`, Docker and P
 marks it KILLED and the Prefect flow run CRASHED (Prefect's own SIGTERM handler); either way
 `resume=<run_id>` continues from the newest checkpoint without losing a stored rollout.
 
-The flow only wires library calls (replay_pipeline.trainer.TrainingRun). Each round is one
-Prefect task (`step-N`; in the async loop `learn-N`, plus one long `generator-W` task per
-generator process), and evaluations and checkpoints are tasks of their own, so the UI shows
-every round with its timing; the per-phase timings (generate, score, append, sample, learn)
-are MLflow metrics. One task per round rather than per phase keeps Prefect's own cost, about
-7 ms a task here, out of the round (see the overhead benchmark in the README).
+The flow only wires library calls (replay_pipeline.trainer.TrainingRun). Consecutive rounds
+run as one Prefect task (`rounds-FIRST-LAST`, at most loop.rounds_per_task = 10 rounds, ending
+where an evaluation or a checkpoint falls due; the async loop adds one long `generator-W` task
+per generator process), and evaluations and checkpoints are tasks of their own, so the UI shows
+the run's progress with its timing; every round's per-phase timings (generate, score, append,
+sample, learn) are MLflow metrics at its own step. A Prefect task costs 4-11 ms here, 2-3% of
+a default round, which is why a task covers several rounds (loop.rounds_per_task=1: one per
+round; see the overhead benchmark in the README).
 """
 
 from __future__ import annotations
@@ -54,17 +56,19 @@ def setup_task(cfg) -> TrainingRun:
     return TrainingRun.setup(cfg, log=_say)
 
 
-@task(name="step", task_run_name="step-{step}", **_task)
-def step_task(run: TrainingRun, step: int) -> dict[str, float]:
-    """One sync round: generate, score, append, sample, learn (TrainingRun.round)."""
-    return run.round(step)
-
-
-@task(name="learn", task_run_name="learn-{step}", **_task)
-def learn_round_task(run: TrainingRun, step: int, alive) -> dict[str, float]:
-    """One async learner round: wait for rollouts, sample, K learner steps, publish
-    (TrainingRun.async_round)."""
-    return run.async_round(step, alive)
+@task(name="rounds", task_run_name="rounds-{first}-{last}", **_task)
+def rounds_task(run: TrainingRun, first: int, last: int, progress: Progress, alive=None,
+                after_round=None) -> None:
+    """Rounds `first`..`last` (inclusive), each logged at its own step with the compute ledger.
+    Sync (`alive` None): generate, score, append, sample, learn (TrainingRun.round). Async: the
+    learner's round, waiting for rollouts, sampling, K learner steps, publishing
+    (TrainingRun.async_round), then `after_round()`."""
+    for step in range(first, last + 1):
+        metrics = run.round(step) if alive is None else run.async_round(step, alive)
+        run.log(step, metrics | run.compute_metrics())  # before the checkpoint that covers this step
+        progress.update(step)
+        if after_round is not None:
+            after_round()
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
@@ -107,28 +111,44 @@ def _due(every: int, done: int, total: int) -> bool:
     return done == total or (every > 0 and done % every == 0)
 
 
-def _end_of_round(run: TrainingRun, step: int, metrics: dict[str, float], progress: Progress) -> None:
-    """Log a round's metrics with the compute ledger (one MLflow call), then evaluate and
-    checkpoint when due (timed as scheduled extras, outside the overhead figure)."""
-    loop = run.settings.loop
-    run.log(step, metrics | run.compute_metrics())  # before the checkpoint that covers this step
-    done = step + 1
-    extras = time.perf_counter()
+def _extras_due(loop, done: int) -> tuple[bool, bool, bool]:
+    """After `done` rounds: (evaluate, sampled evaluation, checkpoint) due."""
     sampled = _due(loop.passk_every, done, loop.steps)
-    if sampled or _due(loop.eval_every, done, loop.steps):
-        run.log(done, evaluate_task(quote(run), run.policy_version, sampled=sampled))
-    if _due(loop.checkpoint_every, done, loop.steps):
-        checkpoint_task(quote(run), done)
-    run.scheduled_seconds += time.perf_counter() - extras
-    progress.update(step)
+    return (sampled or _due(loop.eval_every, done, loop.steps), sampled,
+            _due(loop.checkpoint_every, done, loop.steps))
 
 
-def _sync_steps(run: TrainingRun, progress: Progress) -> None:
+def segments(loop, start: int) -> list[tuple[int, int]]:
+    """The rounds from `start` as (first, last) runs of at most loop.rounds_per_task rounds,
+    each ending where an evaluation or a checkpoint falls due (so a task's rounds are never
+    split by one)."""
+    out, first = [], start
+    while first < loop.steps:
+        last = first
+        while last + 1 < loop.steps and last + 1 - first < loop.rounds_per_task and not any(_extras_due(loop, last + 1)):
+            last += 1
+        out.append((first, last))
+        first = last + 1
+    return out
+
+
+def _rounds(run: TrainingRun, progress: Progress, alive=None, after_round=None) -> None:
+    """The loop's rounds as `rounds-FIRST-LAST` Prefect tasks (segments), with evaluations and
+    checkpoints between them (timed as scheduled extras, outside the overhead figure)."""
+    loop = run.settings.loop
     run.start_loop()
-    for step in range(run.start_step, run.cfg.loop.steps):
+    for first, last in segments(loop, run.start_step):
         # quote(): Prefect would otherwise walk every element of `run` on each task call to
         # look for upstream futures (measured: 2/3 of a step's wall time).
-        _end_of_round(run, step, step_task(quote(run), step), progress)
+        rounds_task(quote(run), first, last, quote(progress), alive, quote(after_round))
+        done = last + 1
+        extras = time.perf_counter()
+        evaluate, sampled, checkpoint = _extras_due(loop, done)
+        if evaluate:
+            run.log(done, evaluate_task(quote(run), run.policy_version, sampled=sampled))
+        if checkpoint:
+            checkpoint_task(quote(run), done)
+        run.scheduled_seconds += time.perf_counter() - extras
 
 
 @task(name="generator", task_run_name="generator-{worker}", **_task)
@@ -186,10 +206,8 @@ def _async_rounds(run: TrainingRun, progress: Progress) -> None:
         alive = quote(lambda: any_alive(registry, loop.workers))
         try:
             wait_until_ready(run.control, registry, loop.workers)
-            run.start_loop()
-            for step in range(run.start_step, loop.steps):
-                _end_of_round(run, step, learn_round_task(quote(run), step, alive), progress)
-                check_generators(run.control, registry)  # a crashed generator ends the run now
+            # After each round: a crashed generator ends the run now.
+            _rounds(run, progress, alive, after_round=lambda: check_generators(run.control, registry))
         except Exception:
             # The learner stopped on an error; when a generator failed first (which is why the
             # learner found none alive), fail with the generator's own error instead.
@@ -220,7 +238,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any]:
             print(f"run {run.run_id} already has {run.start_step} steps (loop.steps={loop.steps}); "
                   "raise loop.steps to train it further", flush=True)
         progress.start()
-        (_async_rounds if loop.mode == "async" else _sync_steps)(run, progress)
+        (_async_rounds if loop.mode == "async" else _rounds)(run, progress)
         status = "FINISHED"
     except (KeyboardInterrupt, ExternalSignal):  # Ctrl-C, or SIGTERM via Prefect's handler
         status = "KILLED"

@@ -41,7 +41,10 @@ Decisions:
   `wait_until_ready`), and a worker that failed fails the flow with its own error.
 * **Weights.** The learner publishes after every round of `loop.updates_per_step` learner
   steps (one policy version); a worker checks LATEST before every batch and loads a newer
-  version, so it is at most one batch behind.
+  version, so it is at most one batch behind. Each worker builds its generator with
+  `generation.build_generator` (`generator.backend`): a transformers model on the worker's
+  `model.device`, or (loop.engine=local only) a vLLM engine of its own, built from
+  `weights/base/` and fed every later version through `load_weights`; closed when it stops.
 * **Ids.** Worker w's rollouts carry `worker = w` and ids `{run}/w{w:02d}/s{step:06d}/...`,
   where `step` is the worker's own batch counter (continued after a resume from the newest
   stored batch of that worker), so workers never write the same id.
@@ -66,7 +69,7 @@ import secrets
 import socket
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -260,6 +263,14 @@ def _where(parent_pid: int | None) -> dict[str, Any]:
 
 def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, parent_pid: int | None = None,
                      session: str | None = None) -> dict[str, Any]:
+    """Generator worker `worker` (see `_generator_worker`); its generator is closed however the
+    worker ends (a vLLM engine gives its GPU memory back)."""
+    with ExitStack() as resources:
+        return _generator_worker(resources, cfg_container, run_id, worker, parent_pid, session)
+
+
+def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_id: str, worker: int,
+                      parent_pid: int | None = None, session: str | None = None) -> dict[str, Any]:
     """Body of generator worker `worker`: a spawn target (loop.engine=local, `parent_pid` is
     the learner's pid) or a Dask task (loop.engine=dask, `parent_pid` None); everything is
     rebuilt here from the resolved configuration. `session` is the learner's heartbeat
@@ -270,12 +281,13 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
 
     from replay_pipeline.buffer import RolloutStore
     from replay_pipeline.buffer.usage import UsageStore
-    from replay_pipeline.generation import TransformersGenerator
-    from replay_pipeline.models.loading import load_pretrained
+    from replay_pipeline.buffer.writer import WriteBehind
+    from replay_pipeline.generation import generator_from_pretrained
+    from replay_pipeline.models.device import resolve_device
     from replay_pipeline.runs import RunPaths
     from replay_pipeline.tasks import task_from_config
-    from replay_pipeline.trainer import generate_batch, score_batch
-    from replay_pipeline.weights import WeightStore
+    from replay_pipeline.trainer import generate_batch, retry_storage, score_batch
+    from replay_pipeline.weights import WeightFollower, WeightStore
 
     from transformers.utils import logging as hf_logging
 
@@ -288,8 +300,10 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
                          worker, control.claim(worker))
     weights = WeightStore(paths.run_dir / "weights")
     task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
-    model, tokenizer = load_pretrained(weights.base)
-    generator = TransformersGenerator.from_config(model, tokenizer, cfg.generator, copy_model=False)
+    # By generator.backend, on this machine's model.device; a vLLM engine builds from the base
+    # directory (version 0) and every later version arrives through load_weights.
+    generator = generator_from_pretrained(cfg.generator, weights.base, resolve_device(cfg.model.device))
+    resources.callback(generator.close)
     generator.policy_version = -1
     uri = cfg.buffer.uri or str(paths.lancedb)
     store = RolloutStore.open(uri, run_id, storage_options=cfg.buffer.get("storage_options"))
@@ -300,6 +314,9 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
              **_where(parent_pid), "stop_reason": None}
     floor = cfg.loop.replay_floor
     minibatch = cfg.loop.minibatch_size
+    writes = WriteBehind(enabled=cfg.buffer.get("write_behind", True))
+    follower = WeightFollower(weights)  # newly published versions are read off the batch's path
+    resources.callback(follower.close)
 
     def should_stop() -> bool:
         return watch.reason() is not None
@@ -318,13 +335,17 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
         if should_stop():
             break
         t0 = time.perf_counter()
-        latest = weights.latest_version()
-        if latest is not None and latest != generator.policy_version:
-            version, state = weights.load_latest()
-            generator.load_weights(state, version)
+        newest = follower.newest(generator.policy_version)
+        if newest is not None:
+            generator.load_weights(newest[1], newest[0])
+        stats["weights_seconds"] = stats.get("weights_seconds", 0.0) + time.perf_counter() - t0
         batch = generate_batch(task, generator, cfg, step, worker=worker)
         table, metrics = score_batch(task, batch, run_id, cfg.loop.group_size, worker=worker)
-        store.append(table)
+        # Committed behind the next batch's generation (one write in flight; a failed write
+        # raises here at the next batch). Idempotent, so a retry never duplicates rows.
+        waited = writes.waited
+        writes.submit(lambda table=table: retry_storage(lambda attempt: store.append(table)))
+        stats["write_wait_seconds"] = stats.get("write_wait_seconds", 0.0) + writes.waited - waited
         total = time.perf_counter() - t0
         tokens = float(np.sum(table.column("num_tokens").to_numpy()))
         stats["gen_tokens"] += tokens
@@ -337,6 +358,7 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
         stats["policy_version"] = generator.policy_version
         control.write_stats(worker, stats)
         step += 1
+    writes.close()  # the last batch is stored before the worker reports its end
     stats["stop_reason"] = watch.reason()
     control.write_stats(worker, stats)
     return stats

@@ -62,6 +62,11 @@ class ModelConfig:
     """Supervised warm start of the built-in model (ignored when `path` is set)."""
     torch_threads: int = 2
     """CPU threads for torch; 0 keeps torch's own default."""
+    device: str = "auto"
+    """Where the learner's model and the transformers generator run: `auto` (`cuda` when torch
+    sees a GPU, else `cpu`; each process decides for itself), `cpu`, `cuda` or `cuda:N`
+    (replay_pipeline/models/device.py). A hardware setting: a resume may change it. The vLLM
+    engine is always on the GPU."""
 
 
 @dataclass
@@ -207,6 +212,10 @@ class BufferConfig:
     and their reuse counts) from an in-memory mirror of the table's newest rows
     (replay_pipeline/buffer/cache.py) instead of three LanceDB queries a round. Same results
     either way; false reads the table every round."""
+    read_ahead: bool = True
+    """Async loop, with read_cache: a background thread of the learner reads the rows the
+    generators commit while the learner trains, so a round only merges them into the mirror
+    (replay_pipeline/buffer/cache.py). false: the learner reads them at the start of its round."""
     write_behind: bool = True
     """Commit each round's rollout append and usage records on a background thread while the
     learner computes (replay_pipeline/buffer/writer.py): one write in flight, validated before
@@ -299,6 +308,11 @@ class LoopConfig:
     """Checkpoint every this many steps (and after the last); 0 only after the last."""
     keep_checkpoints: int = 3
     """Newest checkpoints kept on disk."""
+    rounds_per_task: int = 10
+    """Consecutive rounds run as one Prefect task (`rounds-FIRST-LAST` in the UI), ending early
+    where an evaluation or a checkpoint falls due; every round still logs its own metrics at
+    its own step. A Prefect task costs 4-11 ms on this 2-core machine, 2-3% of a default
+    round (README, "Overhead benchmark"); 1 gives one task per round."""
 
 
 @dataclass
@@ -432,6 +446,7 @@ def validate(cfg: DictConfig | Config) -> None:
          f"loop.minibatch_size={loop.minibatch_size} must be a multiple of "
          f"loop.group_size={loop.group_size}; raise loop.minibatch_size or lower loop.group_size")
     need(loop.updates_per_step >= 1, f"loop.updates_per_step={loop.updates_per_step} must be >= 1")
+    need(loop.rounds_per_task >= 1, f"loop.rounds_per_task={loop.rounds_per_task} must be >= 1 (1: a Prefect task per round)")
     need(loop.eval_every >= 0, f"loop.eval_every={loop.eval_every} must be >= 0 (0: only first and last)")
     need(loop.passk_every >= 0, f"loop.passk_every={loop.passk_every} must be >= 0 (0: only first and last)")
     need(loop.eval_samples >= 1, f"loop.eval_samples={loop.eval_samples} must be >= 1")
@@ -524,6 +539,11 @@ def validate(cfg: DictConfig | Config) -> None:
         need(0 <= model.warmstart.target_accuracy <= 1,
              f"model.warmstart.target_accuracy={model.warmstart.target_accuracy} must be in [0, 1]")
     need(model.torch_threads >= 0, f"model.torch_threads={model.torch_threads} must be >= 0")
+    from replay_pipeline.models.device import device_problem
+
+    device = device_problem(model.device)
+    if device:
+        problems.append(device)
 
     import re
 
@@ -555,9 +575,18 @@ def _generator_backend_problems(gen: Any, loop: Any) -> list[str]:
     if reason:
         problems.append(f"generator.backend=vllm cannot run here: {reason}. {VLLM_INSTALL}; or use "
                         "generator=transformers")
-    if loop.mode == "async":
-        problems.append("generator.backend=vllm runs in the sync loop only (the async loop's generator "
-                        "processes build transformers generators); drop loop=async or use generator=transformers")
+    if loop.mode == "async" and loop.engine == "dask":
+        problems.append("generator.backend=vllm with loop.engine=dask is not supported (a Dask task runs in a thread "
+                        "of a long-lived worker process, which would keep the engine's process-wide GPU state after "
+                        "the task); use loop.engine=local, whose generator processes each own an engine, or "
+                        "generator=transformers")
+    elif loop.mode == "async" and (loop.workers + 1) * gen.gpu_memory_utilization >= 1:
+        engines = loop.workers + 1  # one per generator process, one in the learner's for evaluation
+        problems.append(f"loop.workers={loop.workers} with generator.gpu_memory_utilization="
+                        f"{gen.gpu_memory_utilization} would give {engines} vLLM engines (one per generator process, one in the learner's "
+                        f"process for evaluation) {engines * gen.gpu_memory_utilization:g} of the GPU, leaving "
+                        f"nothing for the learner; lower generator.gpu_memory_utilization below {1 / engines:.3g} "
+                        "or loop.workers")
     if not 0 < gen.gpu_memory_utilization <= 1:
         problems.append(f"generator.gpu_memory_utilization={gen.gpu_memory_utilization} must be in (0, 1]")
     if gen.max_model_len is not None and gen.max_model_len < 2:

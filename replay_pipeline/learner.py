@@ -4,7 +4,8 @@ rollouts.
 It re-scores each rollout (prompt + completion tokens, as stored) under the current
 weights at the generation temperature, and compares with the behaviour log-probs and the
 frozen advantages stored with the rollout (LossInputs). AdamW with a constant learning
-rate and global-norm gradient clipping.
+rate and global-norm gradient clipping. The minibatch is collated on the CPU and moved to
+the model's device (`model.device`), so the learner runs wherever its model was put.
 
 The objective is looked up by name in `OBJECTIVES`; it receives only the hyper-parameters
 its signature declares (from `objective_params`, e.g. {"delta_v": -0.1, "tis_cap": 2.0}), so
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -62,6 +63,11 @@ class Batch:
     advantages: torch.Tensor          # (B,)
     rewards: torch.Tensor | None = None            # (B,) when the rows carry `reward`
     group_reward_mean: torch.Tensor | None = None  # (B,) when they carry `group_reward_mean`
+
+    def to(self, device: torch.device) -> "Batch":
+        """The minibatch on `device` (the model's); on the CPU, the same tensors."""
+        tensors = (getattr(self, f.name) for f in fields(self))
+        return Batch(*(None if t is None else t.to(device) for t in tensors))
 
 
 def _optional_vector(values: Sequence[float] | None) -> torch.Tensor | None:
@@ -140,6 +146,11 @@ class Learner:
         return sum(p.numel() for p in self.model.parameters())
 
     @property
+    def device(self) -> torch.device:
+        """Where the model is (model.device): minibatches are moved there."""
+        return next(self.model.parameters()).device
+
+    @property
     def max_positions(self) -> int | None:
         """The model's ``max_position_embeddings`` (None if its config does not say)."""
         return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
@@ -189,7 +200,7 @@ class Learner:
         self.check_rows(rows)
         batch = collate(rows["prompt_ids"], rows["completion_ids"], rows["behaviour_logprobs"],
                         rows["advantage"], self.pad_id, rewards=rows.get("reward"),
-                        group_reward_mean=rows.get("group_reward_mean"))
+                        group_reward_mean=rows.get("group_reward_mean")).to(self.device)
         self._check_logprobs(rows, batch)
         logp, entropy = token_logprobs_and_entropy(self.model, batch, self.temperature)
         m = batch.completion_mask

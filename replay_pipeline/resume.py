@@ -7,10 +7,11 @@
 table and MLflow run. Its configuration is the run's own `<root>/<run_id>/config.yaml`; the
 command line may change only the keys in :data:`RESUMABLE`, which do not change the
 trajectory (the run length, the evaluation and checkpoint cadence, the progress bar, the
-torch thread count). Any other change is refused before work starts, naming the keys and
-suggesting a fork, because a resumed run must replay exactly what the stopped run would have
-done. The checkpoint stores :func:`config_hash` of the configuration it was trained with; a
-resume whose configuration hashes differently (an edited config.yaml) is refused too.
+torch thread count, the device: a run may continue on another machine). Any other change is
+refused before work starts, naming the keys and suggesting a fork, because a resumed run
+must replay exactly what the stopped run would have done. The checkpoint stores
+:func:`config_hash` of the configuration it was trained with; a resume whose configuration
+hashes differently (an edited config.yaml) is refused too.
 
 **Fork** starts a *new* run (new run id, new MLflow run tagged with its lineage) from the
 source run's checkpoint at `step`: its configuration is the source's config.yaml with the
@@ -41,8 +42,9 @@ from replay_pipeline.runs import RunPaths
 #: Keys a resume may change: they do not alter what the run generates or learns.
 RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_samples",
              "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress",
-             "model.torch_threads", "buffer.read_cache", "buffer.write_behind",
-             "loop.engine", "loop.dask_address", "loop.heartbeat_timeout")
+             "model.torch_threads", "model.device", "buffer.read_cache", "buffer.write_behind",
+             "loop.engine", "loop.dask_address", "loop.heartbeat_timeout",
+             "loop.rounds_per_task", "buffer.read_ahead")
 #: Keys that name or locate a run rather than configure it (never part of the hash); a key
 #: ending in "." covers every key below it (the object store's endpoint and credentials may
 #: change between a run and its resume).
@@ -54,7 +56,7 @@ def _identity(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IDENTITY)
 #: Prefixes a fork may not change (plus the listed exceptions, which it may).
 FORK_FIXED = ("model.", "buffer.uri", "tracking.")
-FORK_FREE = ("tracking.progress", "tracking.root_dir", "model.torch_threads")
+FORK_FREE = ("tracking.progress", "tracking.root_dir", "model.torch_threads", "model.device")
 
 RUN_INFO = "run.json"
 

@@ -61,6 +61,7 @@ from replay_pipeline.config import Config, flatten
 from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
 from replay_pipeline.generation import Sample, TransformersGenerator, build_generator
 from replay_pipeline.learner import Learner
+from replay_pipeline.models.device import resolve_device
 from replay_pipeline.models.loading import load_pretrained, load_policy
 from replay_pipeline.resume import RUN_INFO, config_hash, parse_fork, read_run_info, saved_config
 from replay_pipeline.runs import RunPaths, new_run_id
@@ -180,6 +181,7 @@ class TrainingRun:
         task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
         # The start policy (version 0) first, also on resume: it is the KL reference.
         model, tokenizer, policy_info = load_policy(cfg, task, paths, log=log)
+        model.to(resolve_device(cfg.model.device))  # the learner's device; a transformers generator copies it there
         gen_cfg = cfg.generator
         # By generator.backend; a vLLM engine loads the checkpoint directory the policy came from.
         generator = build_generator(gen_cfg, model, tokenizer, checkpoint_dir=policy_info.get("path"))
@@ -223,7 +225,8 @@ class TrainingRun:
         if cfg.buffer.read_cache:
             size = window_for(cfg.buffer.strategy, cfg.buffer.capacity, run.rollouts_per_step)
             run.cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS],
-                                    keep=size + 4 * run.rollouts_per_step, shared=cfg.loop.mode == "async")
+                                    keep=size + 4 * run.rollouts_per_step, shared=cfg.loop.mode == "async",
+                                    prefetch=cfg.loop.mode == "async" and cfg.buffer.read_ahead)
         run._write_run_info(mode)
         if mode != "new":
             log(f"{mode} {run_id} at step {run.start_step} (policy version {run.policy_version}); "
@@ -274,10 +277,11 @@ class TrainingRun:
         start = last_change = time.perf_counter()
         self.writes.wait()  # the previous round's usage records count towards the cap
         last_rows = -1
+        mirror = self.cache if self.cache is not None and self.cache.rows is not None else None
         while True:
-            rows = self.store.count()
-            if rows >= loop.minibatch_size and (
-                    loop.replay_cap is None or (self.usage.count() + need) / rows <= loop.replay_cap):
+            rows = self.cache.stored() if self.cache is not None else self.store.count()
+            if rows >= loop.minibatch_size and (loop.replay_cap is None or (
+                    (mirror.total if mirror is not None else self.usage.count()) + need) / rows <= loop.replay_cap):
                 break
             now = time.perf_counter()
             if rows != last_rows:
@@ -412,7 +416,7 @@ class TrainingRun:
                 self.window_end = int(stored.column("seq")[-1].as_py()) + 1
             self.writes.submit(lambda: self._commit_rollouts(stored, table, step, count))
         else:
-            _retry(lambda attempt: self.store.append(table))
+            retry_storage(lambda attempt: self.store.append(table))
             stored = self.store.last_appended
             # The buffer as of this step: everything, unless rows of later steps are stored already.
             self.window_end = self.store.seq_end(step) if step < self.stored_through else self.store.count()
@@ -431,7 +435,7 @@ class TrainingRun:
         """The writer thread's half of a fresh step's append (retried through the idempotent
         append); then the compaction when due. Returns the compaction's seconds."""
         if rows is not None:
-            _retry(lambda attempt: self.store.insert(rows, expect_count=count) if attempt == 0
+            retry_storage(lambda attempt: self.store.insert(rows, expect_count=count) if attempt == 0
                    else self.store.append(table))
         faults.crash_point("after_append", step)
         return self.compact_if_due(step)
@@ -467,11 +471,12 @@ class TrainingRun:
 
     def async_round(self, step: int, alive: Callable[[], bool]) -> dict[str, float]:
         """One round of the async learner: wait for rollouts (wait_for_round), compact when
-        due (the learner compacts for every writer), sample, learn and publish; plus what the
+        due (the learner compacts for every writer; on the writer thread, while it samples and
+        trains), sample, learn and publish; plus what the
         generators added since the previous round, from their stats (read once per round)."""
-        metrics = {"learn/wait_seconds": self.wait_for_round(alive),
-                   "buffer/compact_seconds": self.compact_if_due(step)}
-        self.ledger.add(other_seconds=metrics["buffer/compact_seconds"])
+        metrics = {"learn/wait_seconds": self.wait_for_round(alive)}
+        # Behind the learner, as the sync loop's (learn() waits for it and reports its seconds).
+        self.writes.submit(lambda: self.compact_if_due(step))
         minibatches, sampled = self.sample(step)
         metrics |= sampled | self.learn(minibatches, step)
         seen, self._workers = self._workers, self.control.totals(self.cfg.loop.workers)
@@ -552,25 +557,28 @@ class TrainingRun:
         return got
 
     def learn(self, minibatches: list[dict[str, list]], step: int) -> dict[str, float]:
-        """One learner step per minibatch, a durable record of the rollouts each used, then
-        publish the weights (version + 1)."""
+        """One learner step per minibatch, then publish the weights (version + 1), then a
+        durable record of the rollouts each step used. (Publishing first: its copy of the
+        weights then does not compete with the usage records' commit on the writer thread.)"""
         start = time.perf_counter()
         first_learner_step = self.learner.steps
         per_step = [self.learner.step(mb) for mb in minibatches]
         train_seconds = time.perf_counter() - start
-        record_start = time.perf_counter()
-        compacted = self.writes.wait()  # the rollouts these records name are stored first
-        used = usage_table(self.run_id, step, first_learner_step, self.policy_version, minibatches)
-        metrics = self.usage_metrics(used) if used.num_rows else {}
         publish_start = time.perf_counter()
+        trained = self.policy_version  # the version these learner steps started from
         self.policy_version += 1
         if self.generator.shares_weights:  # the optimizer's in-place update is already there
             self.generator.policy_version = self.policy_version
         else:
             self.generator.load_weights(self.learner.state_dict(), self.policy_version)
         if self.weights is not None:  # async: to the generator processes (written off-thread)
-            self.weights.publish_in_background(self.learner.state_dict(), self.policy_version)
+            self.weights.publish_copy_in_background(self.learner.model.state_dict(), self.policy_version)
         publish_seconds = time.perf_counter() - publish_start
+        record_start = time.perf_counter()
+        compacted = self.writes.wait()  # the rollouts these records name are stored first
+        used = usage_table(self.run_id, step, first_learner_step, trained, minibatches)
+        metrics = self.usage_metrics(used) if used.num_rows else {}
+        record_seconds = time.perf_counter() - record_start
         if per_step:
             metrics |= {f"learn/{k}": float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
             metrics["learn/ratio_max"] = float(max(m["ratio_max"] for m in per_step))
@@ -581,13 +589,13 @@ class TrainingRun:
             "learn/seconds": train_seconds, "learn/publish_seconds": publish_seconds,
             "learn/policy_version": float(self.policy_version),
             "learn/learner_steps": float(self.learner.steps),
-            "buffer/record_seconds": publish_start - record_start,
+            "buffer/record_seconds": record_seconds,
         })
         if compacted is not None:
             metrics["buffer/compact_seconds"] = float(compacted)
         self.ledger.add(train_tokens=metrics.get("learn/tokens", 0.0), train_seconds=train_seconds,
                         train_rollouts=sum(len(mb["rollout_id"]) for mb in minibatches),
-                        other_seconds=publish_seconds + publish_start - record_start)
+                        other_seconds=publish_seconds + record_seconds)
         return metrics
 
     def usage_metrics(self, used: pa.Table) -> dict[str, float]:
@@ -609,10 +617,10 @@ class TrainingRun:
         self._window_usage = None
         if first > self.used_through:  # validated here, committed behind the next round's work
             prepared = self.usage.prepare(used, known_new=True)
-            self.writes.submit(lambda: _retry(
+            self.writes.submit(lambda: retry_storage(
                 lambda attempt: self.usage.insert(prepared) if attempt == 0 else self.usage.record(used)))
         else:  # a replayed round's records are already stored: the idempotent append, at once
-            _retry(lambda attempt: self.usage.record(used))
+            retry_storage(lambda attempt: self.usage.record(used))
         if self.cache is not None:
             self.cache.used(used)
         since, last = [], dict(previous)
@@ -772,6 +780,16 @@ class TrainingRun:
             self.tracker.log_artifacts(done[-1] / "model", "model")
 
     def finish(self, status: str = "FINISHED") -> None:
+        """End the run (`_finish`: writes, published weights, the MLflow run's `status`), then
+        close the generator (a vLLM engine's GPU memory) even if that failed."""
+        try:
+            self._finish(status)
+        finally:
+            self.generator.close()
+
+    def _finish(self, status: str) -> None:
+        if self.cache is not None:
+            self.cache.close()
         if not self._settle_writes(close=True) and status == "FINISHED":
             status = "FAILED"
         if self.weights is not None:
@@ -963,7 +981,7 @@ def artifact_location(cfg: DictConfig, paths: RunPaths, mlflow_uri: str) -> str 
     return None if remote else str(paths.artifact_location)
 
 
-def _retry(fn: Callable[[int], Any], attempts: int = 3, delay: float = 1.0) -> Any:
+def retry_storage(fn: Callable[[int], Any], attempts: int = 3, delay: float = 1.0) -> Any:
     """fn(attempt) until it returns, for storage calls that may fail transiently (safe for
     idempotent writes: a retry after a commit whose outcome was lost inserts nothing)."""
     for attempt in range(attempts):

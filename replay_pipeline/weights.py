@@ -14,6 +14,9 @@ version was pruned before it opened the files) simply asks again (`load_latest` 
 `publish_in_background` hands the (already copied) state dict to one writer thread, so the
 learner's next round does not wait for the disk (about 90 ms for a 14M-parameter model
 here); versions still appear in order, each atomically, and `flush()` waits for them.
+`publish_copy_in_background` makes that copy itself, into one of two reused sets of tensors.
+`WeightFollower` is the reading side's counterpart: a generator's background thread that
+reads each new version before the generator needs it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,15 +43,38 @@ class WeightStore:
         self.keep = max(int(keep), 2)
         self._writer = None
         self._pending: list = []
+        self._copies: list[tuple[dict[str, torch.Tensor], Any] | None] = [None, None]
+        self._turn = 0
 
-    def publish_in_background(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """`publish` on a writer thread (in order); errors surface at the next call or flush."""
+    def publish_in_background(self, state_dict: dict[str, torch.Tensor], version: int) -> Any:
+        """`publish` on a writer thread (in order); errors surface at the next call or flush.
+        Returns the write's future."""
         from concurrent.futures import ThreadPoolExecutor
 
         self._check_pending(wait=False)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish-weights")
-        self._pending.append(self._writer.submit(self.publish, state_dict, version))
+        future = self._writer.submit(self.publish, state_dict, version)
+        self._pending.append(future)
+        return future
+
+    def publish_copy_in_background(self, live: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy the live weights `live` (a model's state dict, which the next optimizer step
+        changes in place) and `publish_in_background` the copy. The copy goes into one of two
+        sets of tensors used in turn, so a version costs a memory copy and no allocation (a
+        fresh 7 MB clone a round cost the default run's learner 2-4 ms); a set is reused only
+        once the write that last read it has finished."""
+        self._turn ^= 1
+        held = self._copies[self._turn]
+        if held is not None:
+            held[1].result()  # two versions ago: long written, normally
+        buffers = held[0] if held is not None and held[0].keys() == live.keys() and all(
+            held[0][k].shape == v.shape and held[0][k].dtype == v.dtype for k, v in live.items()) else None
+        if buffers is None:
+            buffers = {k: torch.empty_like(v, device="cpu") for k, v in live.items()}
+        for k, v in live.items():
+            buffers[k].copy_(v.detach())
+        self._copies[self._turn] = (buffers, self.publish_in_background(buffers, version))
 
     def flush(self) -> None:
         """Wait until every version handed to `publish_in_background` is on disk."""
@@ -115,3 +143,47 @@ class WeightStore:
                     pass  # pruned or replaced under us: read LATEST again
             time.sleep(0.05)
         raise FileNotFoundError(f"no published weights under {self.dir} (is the learner running?)")
+
+
+class WeightFollower:
+    """Reads each newly published version of `store` on a background thread, so a generator
+    finds it in memory at its next batch instead of reading the disk in line (2-3 ms a batch
+    on the default model, more for bigger ones).
+
+    `newest(seen)` is what a generator calls before each batch, with the version it holds: the
+    newest published version if it is newer (from memory when the thread has read it, else
+    read now, as before), or None. A generator therefore still starts every batch on the
+    newest version published by then; the thread only moves the disk read off its path. An
+    error in the thread is not fatal: the in-line read takes over."""
+
+    def __init__(self, store: WeightStore, interval: float = 0.01):
+        import threading
+
+        self.store, self.interval = store, interval
+        self._loaded: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weight-follower", daemon=True)
+        self._thread.start()
+
+    def newest(self, seen: int | None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        latest = self.store.latest_version()
+        if latest is None or latest == seen:
+            return None
+        loaded = self._loaded
+        if loaded is not None and loaded[0] == latest:
+            return loaded
+        return self.store.load_latest()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            latest = self.store.latest_version()
+            if latest is None or (self._loaded is not None and self._loaded[0] == latest):
+                continue
+            try:
+                self._loaded = self.store.load_latest(attempts=1)
+            except (FileNotFoundError, OSError, RuntimeError):
+                continue  # pruned or replaced under us: look again next time

@@ -47,7 +47,15 @@ def run_loop(mode: str, steps: int, root: str, extra: list[str]) -> dict[str, An
         history = client.get_metric_history(summary["mlflow_run_id"], key)
         if history:
             means[key] = sum(m.value for m in history) / len(history)
-    return {"mode": mode, "steps": steps, "run_id": summary["run_id"], "final": metrics, "means": means}
+    workers = []
+    if mode == "async":  # each generator's cumulative stats (replay_pipeline/async_loop.py)
+        from replay_pipeline.async_loop import AsyncDir
+        from replay_pipeline.runs import RunPaths
+
+        control = AsyncDir.of(RunPaths.make(root, summary["run_id"]).run_dir)
+        workers = [control.read_stats(w) for w in range(len(list(control.path.glob("worker-*.json"))))]
+    return {"mode": mode, "steps": steps, "run_id": summary["run_id"], "final": metrics, "means": means,
+            "workers": workers}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -63,6 +71,11 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"  generators       {100 * m['compute/generator_overhead_frac']:.1f}% of their time outside generation")
     for key, value in means.items():
         lines.append(f"  {key:<24} {value * 1000:8.1f} ms / round")
+    for w, stats in enumerate(result.get("workers", [])):
+        batches = max(stats.get("batches", 0.0), 1.0)
+        parts = ", ".join(f"{key.removesuffix('_seconds')} {1000 * stats.get(key, 0.0) / batches:.1f} ms"
+                          for key in ("gen_seconds", "other_seconds", "weights_seconds", "write_wait_seconds"))
+        lines.append(f"  generator {w}: {int(batches)} batches; per batch {parts}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,14 @@ Decisions (DESIGN.md, principles 1 and 3 still hold):
   not seen (each filtered to the mirrored ``seq`` range and deduplicated by ``rollout_id``, which
   also makes a compaction's rewritten fragments harmless). Rows of racing writers that share a
   ``seq`` are ordered by ``rollout_id``, as :meth:`RolloutStore.window` orders them.
+* **Read ahead in the async loop.** With ``prefetch``, a background thread (:class:`_Prefetch`,
+  its own table handle) looks for new fragments every ``interval`` seconds, scans them and
+  holds the rows and the table's row count as of that look; :meth:`refresh` then only merges
+  what it holds, and :meth:`stored` gives that count (the rows a round may use). So the
+  learner no longer reads the generators' fragments between its learner steps (20-40 ms a
+  round on the default model): the reading overlaps the learner's compute. Rows still enter
+  the mirror only once committed (they are read from the table), and a :meth:`fill` discards
+  whatever the thread read before it.
 * **Bounded.** The mirror keeps the newest ``keep`` sequence numbers (the window plus one
   round's appends), so its memory does not grow with the run.
 
@@ -32,6 +40,7 @@ compactions); served from the mirror they take well under a millisecond.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -50,7 +59,7 @@ class WindowCache:
     :meth:`refresh` before reading."""
 
     def __init__(self, store: RolloutStore, usage: UsageStore, columns: Sequence[str], keep: int,
-                 shared: bool = False):
+                 shared: bool = False, prefetch: bool = False, interval: float = 0.05):
         self.store, self.usage = store, usage
         self.columns = list(dict.fromkeys([*columns, *RolloutStore.ORDER]))
         self.keep = int(keep)
@@ -62,21 +71,42 @@ class WindowCache:
         self.total = 0
         self.fragments: set[int] = set()
         self.hits = self.misses = 0
+        self._prefetch = _Prefetch(store.handle(), self.columns, interval) if shared and prefetch else None
 
     def invalidate(self) -> None:
         self.rows = None
 
+    def stored(self) -> int:
+        """Rows in the table: as of the read-ahead thread's newest look when it runs (what
+        :meth:`refresh` merges), else counted now."""
+        if self._prefetch is None:
+            return self.store.count()
+        self._prefetch.check()
+        return self._prefetch.count
+
+    def close(self) -> None:
+        """Stop the read-ahead thread (if any)."""
+        if self._prefetch is not None:
+            self._prefetch.stop()
+
     # ------------------------------------------------------------------ filling
     def fill(self, end: int) -> None:
         """Rebuild the mirror from the tables: every stored row with ``end - keep <= seq <
-        end`` and all usage records of those rows (the live counts)."""
+        end`` (shared tables: every stored row from ``end - keep`` on) and all usage records of
+        those rows (the live counts)."""
         ds = self.store._dataset()
         lo = max(int(end) - self.keep, 0)
-        rows = ds.to_table(columns=self.columns, filter=f"seq >= {lo} AND seq < {int(end)}")
+        # Shared tables: every row stored by now, also those other writers committed after
+        # `end` was counted (their fragments count as seen below, so they must be held).
+        bound = "" if self.shared else f" AND seq < {int(end)}"
+        rows = ds.to_table(columns=self.columns, filter=f"seq >= {lo}{bound}")
         self.fragments = {f.fragment_id for f in ds.get_fragments()} if self.shared else set()
         self.rows = rows.sort_by([(c, "ascending") for c in RolloutStore.ORDER])
-        self.lo, self.hi = lo, int(end)
-        self.counts, self.last = self.usage.uses(lo, int(end) - 1) if end > lo else ({}, {})
+        top = int(pc.max(rows.column("seq")).as_py()) + 1 if self.shared and rows.num_rows else 0
+        self.lo, self.hi = lo, max(int(end), top)
+        if self._prefetch is not None:  # it reads on from what the table held here
+            self._prefetch.reset(self.fragments, lo, ds.count_rows(), self.rows)
+        self.counts, self.last = self.usage.uses(lo, self.hi - 1) if self.hi > lo else ({}, {})
         self.total = self.usage.count()
 
     def appended(self, rows: pa.Table) -> None:
@@ -91,22 +121,26 @@ class WindowCache:
         self._merge(rows.select(self.columns))
 
     def refresh(self) -> None:
-        """Shared tables: fold in the rows of fragments committed since the last look."""
+        """Shared tables: fold in the rows of fragments committed since the last look (with
+        read-ahead: the rows the thread has read so far)."""
         if self.rows is None:
             return
-        ds = self.store._dataset()
-        fragments = ds.get_fragments()
-        new = [f for f in fragments if f.fragment_id not in self.fragments]
-        self.fragments = {f.fragment_id for f in fragments}
-        if not new:
+        if self._prefetch is not None:
+            rows = self._prefetch.take()
+        else:
+            ds = self.store._dataset()
+            self.fragments, rows = _new_rows(ds, self.fragments, self.columns, self.lo)
+        if rows is None or rows.num_rows == 0:
             return
-        # One scan over the new fragments (a scan per fragment costs several times more).
-        rows = ds.scanner(columns=self.columns, fragments=new, filter=f"seq >= {self.lo}").to_table()
-        if rows.num_rows:
+        keep = pc.greater_equal(rows.column("seq"), self.lo)
+        if self._prefetch is None:  # (the read-ahead thread drops the rows it delivered before)
             held = self.rows.column("rollout_id").combine_chunks()
-            rows = rows.filter(pc.invert(pc.is_in(rows.column("rollout_id"), value_set=held)))
+            keep = pc.and_(keep, pc.invert(pc.is_in(rows.column("rollout_id"), value_set=held)))
+        rows = rows.filter(keep)
         if rows.num_rows:
             self._merge(rows)
+            if self._prefetch is not None:
+                self._prefetch.lo = self.lo  # it need not read rows the mirror has let go
 
     def _merge(self, rows: pa.Table) -> None:
         order = [(c, "ascending") for c in RolloutStore.ORDER]
@@ -172,3 +206,104 @@ class WindowCache:
         if (at >= len(stored)).any() or (stored[np.minimum(at, len(stored) - 1)] != wanted).any():
             return None
         return self.rows.select(list(columns)).take(pa.array(at))
+
+
+def _new_rows(ds, known: set[int], columns: list[str], lo: int) -> tuple[set[int], pa.Table | None]:
+    """The dataset's fragment ids, and the rows with ``seq >= lo`` of its fragments not in
+    ``known`` (None if there are none)."""
+    fragments = ds.get_fragments()
+    new = [f for f in fragments if f.fragment_id not in known]
+    ids = {f.fragment_id for f in fragments}
+    if not new:
+        return ids, None
+    # One scan over the new fragments (a scan per fragment costs several times more).
+    return ids, ds.scanner(columns=columns, fragments=new, filter=f"seq >= {lo}").to_table()
+
+
+class _Prefetch:
+    """The read-ahead thread of a shared :class:`WindowCache`: every ``interval`` seconds it
+    reads the fragments committed since its last look (through its own table handle) and keeps
+    their rows and the table's row count until :meth:`take`, less the rows it has delivered or
+    the mirror held at its last :meth:`reset` (a compaction rewrites stored rows into new
+    fragments). It reads nothing until the mirror was filled once; a read that straddles a
+    reset is dropped. An error stops the thread and is raised on the caller's thread by the
+    next :meth:`check` or :meth:`take`."""
+
+    def __init__(self, store: RolloutStore, columns: list[str], interval: float):
+        self.store, self.columns, self.interval = store, columns, interval
+        self.lock = threading.Lock()
+        self.fragments: set[int] | None = None  # None: not filled yet, count only
+        self.held: dict[str, int] = {}  # rollout_id -> seq of the rows mirrored or delivered
+        self._prune_at = 4096
+        self.lo = 0
+        self.count = store.count()
+        self.pending: list[pa.Table] = []
+        self.epoch = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="window-read-ahead", daemon=True)
+        self.thread.start()
+
+    def reset(self, fragments: set[int], lo: int, count: int, rows: pa.Table) -> None:
+        held = dict(zip(rows.column("rollout_id").to_pylist(), rows.column("seq").to_pylist()))
+        with self.lock:
+            self.fragments, self.lo, self.count, self.held = set(fragments), lo, count, held
+            self.pending.clear()
+            self.epoch += 1
+
+    def take(self) -> pa.Table | None:
+        self.check()
+        with self.lock:
+            pending, self.pending = self.pending, []
+        if not pending:
+            return None
+        return pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"reading the generators' new rows failed: {self.error!r}") from self.error
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except BaseException as exc:  # raised on the learner's thread by check()
+                self.error = exc
+                return
+
+    def poll(self) -> None:
+        ds = self.store._dataset()
+        with self.lock:
+            known, lo, epoch = self.fragments, self.lo, self.epoch
+        if known is None:
+            count = ds.count_rows()
+            with self.lock:
+                if self.epoch == epoch:
+                    self.count = count
+            return
+        ids, rows = _new_rows(ds, known, self.columns, lo)
+        count = ds.count_rows()
+        with self.lock:
+            if self.epoch != epoch:  # the mirror was refilled meanwhile: it holds these rows
+                return
+            self.fragments = ids
+            self.count = count
+            if rows is not None and rows.num_rows:
+                rows = self._unseen(rows)
+                if rows.num_rows:  # one chunk a round for the mirror (many chunks slow its reads)
+                    self.pending = [pa.concat_tables([*self.pending, rows]).combine_chunks()]
+
+    def _unseen(self, rows: pa.Table) -> pa.Table:
+        """The rows not delivered before (under the lock); remembers them."""
+        held = self.held
+        ids, seqs = rows.column("rollout_id").to_pylist(), rows.column("seq").to_pylist()
+        new = [i not in held for i in ids]
+        held.update((i, q) for i, q, n in zip(ids, seqs, new) if n)
+        if len(held) > self._prune_at:  # forget the rows the mirror has let go
+            self.held = {i: q for i, q in held.items() if q >= self.lo}
+            self._prune_at = max(4096, 2 * len(self.held))
+        return rows if all(new) else rows.filter(pa.array(new))

@@ -317,6 +317,11 @@ class LanceTable:
         filled in); None if it inserted nothing."""
 
     # ------------------------------------------------------------------ opening
+    def handle(self):
+        """Another handle on the same table (same connection, its own table object and dataset
+        cache), for a thread that reads while this handle's owner writes."""
+        return type(self)(self._db, self._db.open_table(self.table_name), self.uri, self.run_id)
+
     @classmethod
     def table_name_for(cls, run_id: str) -> str:
         """``<TABLE_PREFIX><run_id>``, after checking ``run_id`` matches ``[A-Za-z0-9_-]+``."""

@@ -1,10 +1,13 @@
 """Generation backends: sample G completions per prompt with per-token behaviour log-probs.
 
-Every backend returns `Sample`s and accepts new weights with `load_weights(state_dict,
-version)`; the transformers backend runs anywhere torch runs, the vLLM backend
-(`replay_pipeline.generation.vllm_backend`, `generator.backend=vllm`) on a CUDA GPU with the
-`vllm` extra. `build_generator` picks one by `generator.backend`. vllm is imported only inside
-the vLLM backend, when an engine is built: this package imports without it.
+Every backend returns `Sample`s, accepts new weights with `load_weights(state_dict,
+version)` and releases what it holds with `close()` (idempotent; the run, the async generator
+processes and flows.evaluate call it when they end); the transformers backend runs anywhere
+torch runs, on its model's device, the vLLM backend (`replay_pipeline.generation.vllm_backend`,
+`generator.backend=vllm`) on a CUDA GPU with the `vllm` extra. `build_generator` picks one by
+`generator.backend`; `generator_from_pretrained` does the same for a process that starts from
+a checkpoint directory. vllm is imported only inside the vLLM backend, when an engine is
+built: this package imports without it.
 """
 
 from __future__ import annotations
@@ -18,21 +21,25 @@ from replay_pipeline.generation.transformers_backend import TransformersGenerato
 GENERATOR_BACKENDS = ("transformers", "vllm")
 
 
-def build_generator(gen_cfg: Any, model, tokenizer, *, checkpoint_dir: str | Path | None = None):
+def build_generator(gen_cfg: Any, model, tokenizer, *, checkpoint_dir: str | Path | None = None,
+                    copy_model: bool = True):
     """The generator that the config section `gen_cfg` (`generator`) asks for, holding the
     policy `model` (version 0).
 
-    - `transformers`: ``TransformersGenerator.from_config(model, tokenizer, gen_cfg)``, a copy
-      of `model` in this process (the trainer then aliases it with ``share_weights``).
+    - `transformers`: ``TransformersGenerator.from_config(model, tokenizer, gen_cfg,
+      copy_model)``, on `model`'s device: a copy of `model` in this process (the trainer then
+      aliases it with ``share_weights``), or with ``copy_model=False`` `model` itself, put in
+      eval mode without gradients (a process whose only use of the model is sampling).
     - `vllm`: ``VLLMGenerator.from_pretrained(checkpoint_dir, tokenizer, gen_cfg)``. The engine
       loads its weights from `checkpoint_dir`, the Hugging Face checkpoint directory `model`
       was loaded from: `model.path` for `model=hf`, the cached warm start directory
       (`runs/cache/warmstart-<hash>/`, written by save_pretrained) for the built-in model,
-      so nothing is copied. Later versions arrive through ``load_weights``.
+      so nothing is copied. Later versions arrive through ``load_weights``. `model` and
+      `copy_model` are not used.
     """
     backend = str(gen_cfg.backend)
     if backend == "transformers":
-        return TransformersGenerator.from_config(model, tokenizer, gen_cfg)
+        return TransformersGenerator.from_config(model, tokenizer, gen_cfg, copy_model=copy_model)
     if backend == "vllm":
         if checkpoint_dir is None:
             raise ValueError("generator.backend=vllm builds its engine from a Hugging Face checkpoint directory "
@@ -43,4 +50,21 @@ def build_generator(gen_cfg: Any, model, tokenizer, *, checkpoint_dir: str | Pat
     raise ValueError(f"generator.backend={backend!r} is not one of {list(GENERATOR_BACKENDS)}")
 
 
-__all__ = ["GENERATOR_BACKENDS", "Sample", "TransformersGenerator", "build_generator"]
+def generator_from_pretrained(gen_cfg: Any, path: str | Path, device, *,
+                              checkpoint_dir: str | Path | None = None):
+    """A generator for a process that only samples (an async generator process,
+    flows.evaluate), built by `build_generator` from the Hugging Face directory `path`:
+    `transformers` loads the model from `path` onto `device` and samples with it in place
+    (copy_model=False); `vllm` reads only the tokenizer from `path` (no model copy in this
+    process) and builds its engine from `checkpoint_dir` (default: `path`)."""
+    from replay_pipeline.models.loading import load_pretrained, load_tokenizer
+
+    if str(gen_cfg.backend) == "vllm":  # the engine loads the weights itself
+        model, tokenizer = None, load_tokenizer(path)
+    else:
+        model, tokenizer = load_pretrained(path)
+        model.to(device)
+    return build_generator(gen_cfg, model, tokenizer, checkpoint_dir=checkpoint_dir or path, copy_model=False)
+
+
+__all__ = ["GENERATOR_BACKENDS", "Sample", "TransformersGenerator", "build_generator", "generator_from_pretrained"]

@@ -15,6 +15,8 @@ Decisions:
   in-place update is the new policy and publishing a version copies nothing (a 2-18 ms
   copy a round on the default model otherwise). The modules stay separate (the generator's
   in eval mode, without gradients).
+- Sampling runs on the model's device (``model.device``): prompts are laid out on the CPU
+  and moved there, completions and log-probs come back to the CPU.
 - Sampling is seeded per call (torch.manual_seed(seed)), so a run is reproducible.
 - Edge completions are ordinary Samples. A completion whose first token is <eos> is
   ``completion_ids == [eos]`` with text "" and finish_reason "stop" (the <eos> is a real
@@ -89,6 +91,10 @@ class TransformersGenerator:
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    def close(self) -> None:
+        """Nothing to release: the model is an ordinary module (possibly the learner's own
+        weights, aliased by ``share_weights``), freed with its last reference. Idempotent."""
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], n: int, seed: int, *, greedy: bool = False,

@@ -1,4 +1,7 @@
-"""Sampling with a vLLM engine in the learner's process (``generator.backend=vllm``).
+"""Sampling with a vLLM engine in the process that uses it (``generator.backend=vllm``): the
+learner's in the sync loop; in the async loop (loop.engine=local) each generator process owns
+one, built from the published base weights and fed every new version through ``load_weights``,
+plus the learner's for evaluation.
 
 Coded against vLLM 0.33.0 (the ``vllm`` extra pins ``vllm==0.33.*``; it brings torch 2.14 and
 transformers < 5.21, so it lives in its own environment on a GPU machine:

@@ -93,11 +93,9 @@ def warm_start(
         target_accuracy=target_accuracy, seed=seed,
     )  # fmt: skip
     _validate(settings)
-    task_key = _task_fingerprint(task)
-    key = {"format": CACHE_FORMAT, "chars": DEFAULT_CHARS, "task": task_key, **settings}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    key = _cache_key(task, settings)
     cache_dir = Path(cache_dir)
-    final = cache_dir / f"warmstart-{digest}"
+    final = cache_dir / _cache_name(key)
 
     cached = _load_result(final)
     if cached is not None:
@@ -123,6 +121,20 @@ def warm_start(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dataclasses.replace(result, path=final)
+
+
+def warm_start_dir(task: Task, cache_dir: Path, settings: dict[str, Any]) -> Path:
+    """Where `warm_start` keeps the checkpoint for `task` and `settings` (every keyword of
+    warm_start but `log`), without training it: `<cache_dir>/warmstart-<hash>`."""
+    return Path(cache_dir) / _cache_name(_cache_key(task, settings))
+
+
+def _cache_key(task: Task, settings: dict[str, Any]) -> dict[str, Any]:
+    return {"format": CACHE_FORMAT, "chars": DEFAULT_CHARS, "task": _task_fingerprint(task), **settings}
+
+
+def _cache_name(key: dict[str, Any]) -> str:
+    return f"warmstart-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]}"
 
 
 def greedy_accuracy(

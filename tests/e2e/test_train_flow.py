@@ -5,6 +5,7 @@ LanceDB table, MLflow store and disk."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,16 @@ def test_every_learner_step_left_a_usage_record(finished_run):
     assert all(s >= 0 for s in rows["staleness"])
     assert {"step-000002", "step-000003"} <= set(usage.tags())
     assert usage.read_at("step-000002").num_rows == 2 * 2 * 16
+
+
+def test_prefect_shows_the_rounds_evaluations_and_checkpoints_as_task_runs(finished_run):
+    root, _ = finished_run
+    with sqlite3.connect(root / ".prefect" / "prefect.db") as con:  # the ephemeral server's store
+        names = [n for (n,) in con.execute("SELECT name FROM task_run ORDER BY expected_start_time")]
+    # loop.eval_every=1: an evaluation after every round, so every task holds one round
+    assert [n for n in names if n.startswith("rounds-")] == ["rounds-0-0", "rounds-1-1", "rounds-2-2"]
+    assert {"checkpoint-2", "checkpoint-3"} <= set(names) and any(n.startswith("setup") for n in names)
+    assert sum(n.startswith("evaluate-v") for n in names) == STEPS + 1
 
 
 def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):

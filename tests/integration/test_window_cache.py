@@ -7,6 +7,7 @@ process shares the learner's weights instead of copying them."""
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -81,6 +82,10 @@ def _writer(uri: str, run_id: str, worker: int, batches: int) -> None:
 
 def _compare(cache: WindowCache, store: RolloutStore, usage: UsageStore, size: int) -> None:
     end = store.count()
+    deadline = time.monotonic() + 30
+    while cache.stored() < end:  # the read-ahead thread has not looked since the last commit
+        assert time.monotonic() < deadline, f"read-ahead stuck at {cache.stored()} of {end} rows"
+        time.sleep(0.01)
     cache.refresh()
     got = cache.window(size, end)
     assert got is not None
@@ -94,11 +99,12 @@ def _compare(cache: WindowCache, store: RolloutStore, usage: UsageStore, size: i
     assert cache.take(picks, LEARN_COLUMNS).equals(store.take_seqs(picks, columns=LEARN_COLUMNS))
 
 
-def test_a_shared_mirror_follows_other_processes_appends_and_a_compaction(tmp_path):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["on-refresh", "read-ahead"])
+def test_a_shared_mirror_follows_other_processes_appends_and_a_compaction(tmp_path, prefetch):
     uri, run_id = str(tmp_path / "db"), "mirror-shared"
     store, usage = RolloutStore.create(uri, run_id), UsageStore.create(uri, run_id)
     store.append(make_rows(0, n_groups=6, run_id=run_id))
-    cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS], keep=40, shared=True)
+    cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS], keep=40, shared=True, prefetch=prefetch)
     cache.fill(store.count())
     used = [{"usage_id": f"{run_id}/l{k:08d}/p00000", "run_id": run_id, "learner_step": k, "step": 0,
              "position": 0, "rollout_id": f"x{k}", "rollout_seq": q, "rollout_step": 0,
@@ -121,3 +127,6 @@ def test_a_shared_mirror_follows_other_processes_appends_and_a_compaction(tmp_pa
     _compare(cache, store, usage, 32)
     assert cache.rows.num_rows == len(set(cache.rows.column("rollout_id").to_pylist())) <= 40 + 8
     assert cache.window(16, 10) is None  # not mirrored: the caller reads LanceDB
+    cache.close()
+    if prefetch:
+        assert not cache._prefetch.thread.is_alive() and cache._prefetch.error is None

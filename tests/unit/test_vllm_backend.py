@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from replay_pipeline.config import VLLM_ONLY_FIELDS, ConfigError, GeneratorConfig, load_config
-from replay_pipeline.generation import GENERATOR_BACKENDS, TransformersGenerator, build_generator
+from replay_pipeline.generation import (GENERATOR_BACKENDS, TransformersGenerator, build_generator,
+                                        generator_from_pretrained)
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.generation.vllm_backend import (LOGPROBS_MODE, VLLM_INSTALL, VLLMGenerator,
                                                      engine_settings, request_seeds, vllm_unavailable)
@@ -119,7 +120,8 @@ def test_generator_vllm_validates_where_vllm_runs(available):
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["loop=async"], "sync loop only"),
+    (["loop=async", "loop.engine=dask"], "loop.engine=dask is not supported"),
+    (["loop=async", "loop.workers=2", "generator.gpu_memory_utilization=0.4"], "below 0.333"),
     (["generator.gpu_memory_utilization=0"], "gpu_memory_utilization=0"),
     (["generator.gpu_memory_utilization=1.5"], "must be in (0, 1]"),
     (["generator.dtype=float8"], "generator.dtype='float8'"),
@@ -130,6 +132,11 @@ def test_invalid_vllm_settings_say_how_to_fix(available, overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(["generator=vllm", *overrides])
     assert needle in str(err.value)
+
+
+def test_vllm_runs_in_the_async_loops_generator_processes(available):
+    cfg = load_config(["generator=vllm", "loop=async", "loop.workers=2", "generator.gpu_memory_utilization=0.3"])
+    assert cfg.generator.backend == "vllm" and cfg.loop.mode == "async"
 
 
 def test_vllm_settings_validate(available):
@@ -236,6 +243,41 @@ def test_build_generator_vllm_uses_the_checkpoint_directory(monkeypatch, tok, ch
 def test_from_pretrained_without_vllm_says_how_to_install(tok, checkpoint):
     with pytest.raises(RuntimeError) as err:
         VLLMGenerator.from_pretrained(str(checkpoint), tok, GeneratorConfig(backend="vllm"))
+    assert "pip install -e '.[vllm]'" in str(err.value)
+
+
+def test_build_generator_copies_the_model_unless_told_not_to(tok):
+    model = build_tiny_model(tok, **TINY)
+    assert build_generator(GeneratorConfig(), model, tok).model is not model
+    assert build_generator(GeneratorConfig(), model, tok, copy_model=False).model is model
+
+
+def test_generator_from_pretrained_samples_in_place_on_the_device(tok, checkpoint):
+    """What an async generator process and flows.evaluate build for generator.backend=transformers."""
+    gen = generator_from_pretrained(GeneratorConfig(max_new_tokens=3), checkpoint, torch.device("cpu"))
+    assert isinstance(gen, TransformersGenerator) and gen.device == torch.device("cpu")
+    assert not any(p.requires_grad for p in gen.model.parameters()) and not gen.model.training
+    assert gen.tokenizer.padding_side == "left" and gen.max_new_tokens == 3
+    assert [len(g) for g in gen.generate(PROMPTS, n=2, seed=0)] == [2, 2, 2]
+    gen.close()
+    gen.close()  # nothing to release; idempotent
+
+
+def test_generator_from_pretrained_builds_vllm_from_the_checkpoint_directory(monkeypatch, tok, checkpoint, tmp_path):
+    calls = []
+    monkeypatch.setattr(VLLMGenerator, "from_pretrained",
+                        classmethod(lambda cls, path, tokenizer, gen_cfg: calls.append((path, tokenizer)) or "engine"))
+    cfg = GeneratorConfig(backend="vllm")
+    assert generator_from_pretrained(cfg, checkpoint, torch.device("cpu")) == "engine"
+    assert generator_from_pretrained(cfg, checkpoint, torch.device("cpu"), checkpoint_dir=tmp_path) == "engine"
+    assert [path for path, _ in calls] == [str(checkpoint), str(tmp_path)]
+    assert all(t.eos_token_id == tok.eos_token_id and t.padding_side == "left" for _, t in calls)
+
+
+@needs_no_vllm
+def test_an_async_generator_or_evaluation_with_vllm_here_says_how_to_install(checkpoint):
+    with pytest.raises(RuntimeError) as err:
+        generator_from_pretrained(GeneratorConfig(backend="vllm"), checkpoint, torch.device("cpu"))
     assert "pip install -e '.[vllm]'" in str(err.value)
 
 
@@ -567,3 +609,53 @@ def test_bad_arguments(tok):
         gen.generate(PROMPTS, n=1, seed=0, top_p=0.0)
     assert engine.calls == []
     assert VLLM_INSTALL.endswith("pip install -e '.[vllm]'")
+
+
+# --- flows.evaluate with generator=vllm ----------------------------------------------------------
+
+def _target(tmp_path, model_dir, cfg):
+    """flows.evaluate's Target for the checkpoint holding `model_dir` (step 3, policy version 7)."""
+    from flows.evaluate import Target
+    from replay_pipeline.runs import RunPaths
+
+    return Target(RunPaths.make(tmp_path / "runs", "ev"), model_dir.parent, 3, 7, None, "", cfg)
+
+
+@pytest.mark.parametrize("hf_directory", [True, False])
+def test_evaluate_builds_the_engine_from_the_checkpoint_or_the_start_policy(
+        monkeypatch, available, tmp_path, tok, checkpoint, policy, hf_directory):
+    """The checkpoint's model/ is the engine's directory when it holds config.json; otherwise the
+    engine builds from the run's starting policy (model.path) and takes the checkpoint's weights."""
+    from flows.evaluate import engine_dir, load_generator
+    from replay_pipeline.models.loading import read_state_dict
+
+    model_dir = tmp_path / "step-000003" / "model"
+    trained = build_tiny_model(tok, **{**TINY, "seed": 5})
+    trained.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    if not hf_directory:
+        (model_dir / "config.json").unlink()
+    cfg = load_config(["generator=vllm", "model=hf", f"model.path={checkpoint}"])
+    target = _target(tmp_path, model_dir, cfg)
+    built = []
+
+    def from_pretrained(cls, path, tokenizer, gen_cfg):
+        gen, engine = make(tokenizer, policy)  # the stand-in engine holds other weights
+        built.append((path, engine))
+        return gen
+
+    monkeypatch.setattr(VLLMGenerator, "from_pretrained", classmethod(from_pretrained))
+    expected = model_dir if hf_directory else checkpoint.resolve()
+    assert engine_dir(target, task=None) == expected
+    gen = load_generator(target, task=None)
+    (path, engine), = built
+    assert path == str(expected)
+    if hf_directory:
+        assert gen.policy_version == 0 and "apply_model" not in engine.events
+    else:
+        assert gen.policy_version == 7 and "apply_model" in engine.events
+        engine_weights = engine.model.inner.state_dict()
+        for name, tensor in read_state_dict(model_dir).items():
+            assert torch.equal(engine_weights[name], tensor), name
+    gen.close()
+    assert engine.events[-1] == "shutdown"
