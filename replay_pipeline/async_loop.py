@@ -315,6 +315,7 @@ def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_i
     floor = cfg.loop.replay_floor
     minibatch = cfg.loop.minibatch_size
     writes = WriteBehind(enabled=cfg.buffer.get("write_behind", True))
+    resources.callback(writes.close)  # also when the loop fails: no writer thread left behind
     follower = WeightFollower(weights)  # newly published versions are read off the batch's path
     resources.callback(follower.close)
 

@@ -237,7 +237,7 @@ class _Prefetch:
         self._prune_at = 4096
         self.lo = 0
         self.count = store.count()
-        self.pending: list[pa.Table] = []
+        self.pending: pa.Table | None = None  # one chunk: the mirror's reads slow down with many
         self.epoch = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -248,16 +248,14 @@ class _Prefetch:
         held = dict(zip(rows.column("rollout_id").to_pylist(), rows.column("seq").to_pylist()))
         with self.lock:
             self.fragments, self.lo, self.count, self.held = set(fragments), lo, count, held
-            self.pending.clear()
+            self.pending = None
             self.epoch += 1
 
     def take(self) -> pa.Table | None:
         self.check()
         with self.lock:
-            pending, self.pending = self.pending, []
-        if not pending:
-            return None
-        return pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+            pending, self.pending = self.pending, None
+        return pending
 
     def check(self) -> None:
         if self.error is not None:
@@ -294,8 +292,9 @@ class _Prefetch:
             self.count = count
             if rows is not None and rows.num_rows:
                 rows = self._unseen(rows)
-                if rows.num_rows:  # one chunk a round for the mirror (many chunks slow its reads)
-                    self.pending = [pa.concat_tables([*self.pending, rows]).combine_chunks()]
+                if rows.num_rows:
+                    both = rows if self.pending is None else pa.concat_tables([self.pending, rows])
+                    self.pending = both.combine_chunks()
 
     def _unseen(self, rows: pa.Table) -> pa.Table:
         """The rows not delivered before (under the lock); remembers them."""
