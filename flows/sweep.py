@@ -1,7 +1,7 @@
 """A sweep: named training configurations, each with several seeds, as child runs of one Prefect
 flow run and of one MLflow parent run; then a learning-rate stage and the report.
 
-    python -m flows.sweep                                   # the default grid (GRIDS["default"], 31 min measured here)
+    python -m flows.sweep                                   # the default grid (GRIDS["default"], 36 min measured here)
     python -m flows.sweep --quick                           # the quick grid (~10 min)
     python -m flows.sweep --seeds 0,1,2,3 loop.steps=200    # overrides shared by every child
     python -m flows.sweep --config base=experiment=no_buffer \
@@ -34,10 +34,12 @@ The same flow is the `sweep` deployment (flows/deploy.py): its parameters are `c
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import uuid
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
@@ -71,27 +73,38 @@ class Grid:
 _SHORT = ["loop.steps=STEPS", "loop.eval_every=EVAL", "loop.passk_every=0", "loop.checkpoint_every=0",
           "tracking.progress=false"]
 
+_HALF = ["experiment=replay", "buffer=positive_bias", "buffer.strategy=prioritized", "buffer.capacity=256",
+         "loop.prompts_per_step=4", "loop.updates_per_step=1"]
+
 #: The paper's comparison at this project's scale (issue 8): the on-policy baseline against FIFO
 #: buffers of several capacities and replay ratios, positive-bias sampling and AsymRE, at equal
 #: settings otherwise; then a learning-rate sweep of the baseline and of the best buffer
-#: configuration. Measured: 31 min on a 2-core CPU machine (README, "Results"; the budget is 60).
+#: configuration. Measured: 36 min on a 2-core CPU machine (README, "Results"; the budget is 60).
 GRIDS: dict[str, Grid] = {
     "default": Grid(
         configs={
             "no_buffer": ["experiment=no_buffer"],
             "fifo128_k2": ["experiment=replay"],
             "fifo256_k4": ["experiment=replay", "buffer.capacity=256", "loop.updates_per_step=4"],
-            "posbias128_k2": ["experiment=replay", "buffer=positive_bias"],
             "posbias256_k4": ["experiment=replay", "buffer=positive_bias", "buffer.capacity=256",
                               "loop.updates_per_step=4"],
             "asymre128_k2": ["experiment=replay", "algo=asymre"],
+            # Half the generation a learner step: 4 prompts (32 rollouts) a step, the window
+            # positive-biased and drawn by |advantage| (zero-advantage rollouts, which carry no
+            # gradient, almost never), one step of B=64 (replay ratio 2) or B=32 (ratio 1); by
+            # equal_budget they run 200 steps, evaluated every 20, for the baseline's rollouts.
+            "posbias_prio256_r32": _HALF,
+            "posbias_prio256_r32_b32": [*_HALF, "loop.minibatch_size=32"],
+            # The control for those two: the on-policy baseline at the same 4 prompts a step.
+            "no_buffer_r32": ["experiment=no_buffer", "loop.prompts_per_step=4"],
         },
         seeds=[0, 1, 2, 3],
         overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
         lr_factors=[0.5, 2.0],
-        lr_seeds=2,  # 2 seeds: the learning-rate variants took about 7 of the 31 minutes
-        about="the on-policy baseline against five buffer configurations, 4 seeds, 100 steps, then learning rates "
-              "x0.5 and x2 (2 seeds) for the baseline and the best buffer configuration"),
+        lr_seeds=2,  # 2 seeds: the learning-rate variants take about a fifth of the time
+        about="the on-policy baseline against six buffer configurations and a half-batch on-policy control, "
+              "4 seeds, each generating 6,400 rollouts, then learning rates x0.5 and x2 (2 seeds) for the "
+              "baseline and the best buffer configuration"),
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],
@@ -143,6 +156,47 @@ def plan(configs: dict[str, list[str]], seeds: list[int], overrides: list[str], 
     if problems:
         raise ConfigError("Invalid sweep:\n  - " + "\n  - ".join(problems))
     return children
+
+
+#: What `equal_budget` scales: the run's length and how often it is evaluated, both counted in
+#: generation steps.
+_BUDGET_KEYS = ("steps", "eval_every")
+
+
+def equal_budget(configs: dict[str, list[str]], overrides: list[str], baseline: str) -> dict[str, list[str]]:
+    """Every configuration at the baseline's generation budget. A configuration that generates
+    fewer (or more) rollouts per step than the baseline (loop.prompts_per_step x
+    loop.group_size) runs proportionally more (or fewer) steps, rounded up, and is evaluated
+    at the same interval of generated rollouts: its `loop.steps` and `loop.eval_every` are
+    scaled by baseline rollouts / its rollouts. So every child generates as many rollouts as
+    the baseline's run, and every curve is sampled at the same points of the generated-token
+    axis (a configuration evaluated more often would get more chances at a noisy peak). A
+    configuration that sets one of these keys itself keeps its own value; without the
+    baseline among the configurations nothing changes. Only the sync loop's steps are
+    generation steps: an async configuration (or an async baseline) is left as it is, and so
+    is one that does not compose (`plan` names it)."""
+    def resolved(extra: list[str]) -> Any:
+        try:
+            return resolve_config([*overrides, *extra])
+        except ConfigError:
+            return None
+
+    def rollouts(cfg: Any) -> int:
+        return int(cfg.loop.prompts_per_step) * int(cfg.loop.group_size)
+
+    base = resolved(configs[baseline]) if baseline in configs else None
+    if base is None:
+        return dict(configs)
+    out = {}
+    for name, extra in configs.items():
+        if (cfg := resolved(extra)) is None or "async" in (cfg.loop.mode, base.loop.mode):
+            out[name] = list(extra)
+            continue
+        ratio = Fraction(rollouts(base), rollouts(cfg))
+        own = {o.split("=", 1)[0].lstrip("+~") for o in extra}
+        out[name] = list(extra) + [f"loop.{key}={math.ceil(int(base.loop[key]) * ratio)}"
+                                   for key in _BUDGET_KEYS if ratio != 1 and f"loop.{key}" not in own]
+    return out
 
 
 def _parent_tracker(overrides: list[str], name: str, sweep_id: str, configs: dict[str, list[str]],
@@ -239,6 +293,7 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
     if lr_seeds is None and (grid is not None or configs is None):
         lr_seeds = GRIDS[grid or "default"].lr_seeds
     configs, seeds, overrides, factors = settle(grid, configs, seeds, overrides, lr_factors)
+    configs = equal_budget(configs, overrides, baseline)
     sweep_id = uuid.uuid4().hex[:6]
     children = plan(configs, seeds, overrides, name, sweep_id)
     if factors and baseline in configs:  # the baseline's variants are known now: validate them too
@@ -324,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs, seeds, overrides, factors = settle(args.grid, dict(args.config) if args.config else None,
                                                     args.seeds, args.overrides, args.lr_factors)
+        configs = equal_budget(configs, overrides, args.baseline)
         plan(configs, seeds, overrides, args.name, "check")  # fail before Prefect starts
         if factors and args.baseline in configs:
             plan(lr_variants(args.baseline, configs[args.baseline], overrides, factors), seeds, overrides,

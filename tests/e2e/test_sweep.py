@@ -1,5 +1,6 @@
 """End to end: `python -m flows.sweep` with a tiny configuration as a user runs it: two
-configurations, a learning-rate stage and the report, read back from the real MLflow store."""
+configurations (one generating half as much a step, so run for twice the steps), a
+learning-rate stage and the report, read back from the real MLflow store."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_a_sweep_runs_its_configurations_then_the_learning_rate_stage_then_the_report(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")}
     cmd = [sys.executable, "-m", "flows.sweep", "--name", "tiny", "--seeds", "0",
-           "--config", "no_buffer=experiment=no_buffer", "--config", "replay=experiment=replay,buffer.capacity=32",
+           "--config", "no_buffer=experiment=no_buffer", "--config", "replay=experiment=replay,buffer.capacity=32,loop.prompts_per_step=2",
            "--lr-factors", "2", f"tracking.root_dir={tmp_path}", *TINY_OVERRIDES,
            "loop.steps=3", "loop.eval_every=1", "loop.passk_every=0", "loop.checkpoint_every=0",
            "tracking.experiment=tiny-sweep"]
@@ -38,6 +39,10 @@ def test_a_sweep_runs_its_configurations_then_the_learning_rate_stage_then_the_r
     assert len(children) == len(expected)
     lrs = {c.data.tags["mlflow.runName"].split("-s0-")[0]: float(c.data.params["algo.lr"]) for c in children}
     assert lrs["tiny-no_buffer-lrx2"] == pytest.approx(2 * lrs["tiny-no_buffer"])
+    # equal budget: half the rollouts a step, so twice the steps, evaluated every other step
+    params = {c.data.tags["mlflow.runName"].split("-s0-")[0]: c.data.params for c in children}
+    assert (params["tiny-replay"]["loop.steps"], params["tiny-replay"]["loop.eval_every"]) == ("6", "2")
+    assert (params["tiny-no_buffer"]["loop.steps"], params["tiny-no_buffer"]["loop.eval_every"]) == ("3", "1")
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/report.json", "report/accuracy_vs_tokens.png"} <= artifacts, artifacts
     report = json.loads(open(client.download_artifacts(parent.info.run_id, "report/report.json", str(tmp_path))).read())

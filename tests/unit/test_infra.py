@@ -109,6 +109,32 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
         settle(None, {"a": []}, None, None, [1, -2])
 
 
+def test_equal_budget_gives_every_configuration_the_baselines_generated_rollouts():
+    from flows.sweep import equal_budget, plan
+
+    shared = ["loop.steps=50", "loop.eval_every=10"]
+    configs = {"base": ["experiment=no_buffer"],                        # 8 prompts x 8 = 64 a step
+               "half": ["experiment=replay", "loop.prompts_per_step=4"],  # 32 a step: twice the steps
+               "third": ["experiment=replay", "loop.prompts_per_step=3"],  # 24: 50 x 64/24 = 133.3 -> 134
+               "own": ["experiment=replay", "loop.prompts_per_step=4", "loop.steps=7"],
+               "same": ["experiment=replay"],
+               "broken": ["buffer.capacity=0"]}
+    out = equal_budget(configs, shared, "base")
+    assert out["base"] == configs["base"] and out["same"] == configs["same"]
+    assert out["half"] == [*configs["half"], "loop.steps=100", "loop.eval_every=20"]
+    assert out["third"] == [*configs["third"], "loop.steps=134", "loop.eval_every=27"]
+    assert out["own"] == [*configs["own"], "loop.eval_every=20"]  # its own steps stay
+    assert out["broken"] == configs["broken"]                        # left for plan() to name
+    del out["broken"]
+    steps = {c.config: (c.overrides, c.seed) for c in plan(out, [0], shared, "t", "x")}
+    from replay_pipeline.resume import resolve_config
+    generated = {name: (cfg := resolve_config(o)).loop.steps * cfg.loop.prompts_per_step * cfg.loop.group_size
+                 for name, (o, _) in steps.items()}
+    assert generated["half"] == generated["base"] == 50 * 64 and generated["third"] >= 50 * 64
+    assert equal_budget(configs, shared, "absent") == configs
+    assert equal_budget({"a": ["loop=async"], "b": ["loop.prompts_per_step=4"]}, shared, "b")["a"] == ["loop=async"]
+
+
 def test_lr_variants_scale_the_configurations_own_learning_rate():
     from flows.sweep import lr_variants
 
