@@ -1,7 +1,7 @@
 """A sweep: named training configurations, each with several seeds, as child runs of one Prefect
 flow run and of one MLflow parent run; then a learning-rate stage and the report.
 
-    python -m flows.sweep                                   # the default grid (GRIDS["default"], 36 min measured here)
+    python -m flows.sweep                                   # the default grid (GRIDS["default"], 38 min measured here)
     python -m flows.sweep --quick                           # the quick grid (~10 min)
     python -m flows.sweep --seeds 0,1,2,3 loop.steps=200    # overrides shared by every child
     python -m flows.sweep --config base=experiment=no_buffer \
@@ -13,6 +13,10 @@ run is nested under the sweep's parent run. Every child configuration is compose
 validated before the first child starts; a bad one stops the sweep before any work (exit 2). A
 child that fails is recorded as failed and the others still run; the parent run ends FAILED
 then.
+
+Every configuration gets the baseline's generation budget (`equal_budget`): one that generates
+fewer rollouts a step runs proportionally more steps and is evaluated as often per generated
+rollout, unless it sets `loop.steps` / `loop.eval_every` itself.
 
 With learning-rate factors (the default grid: x0.5 and x2, on 2 of its seeds), a second stage follows: the
 baseline (`--baseline`, default `no_buffer`) and the best buffer configuration of the first
@@ -73,13 +77,14 @@ class Grid:
 _SHORT = ["loop.steps=STEPS", "loop.eval_every=EVAL", "loop.passk_every=0", "loop.checkpoint_every=0",
           "tracking.progress=false"]
 
+#: What the default grid's half-generation configurations share (see there).
 _HALF = ["experiment=replay", "buffer=positive_bias", "buffer.strategy=prioritized", "buffer.capacity=256",
          "loop.prompts_per_step=4", "loop.updates_per_step=1"]
 
 #: The paper's comparison at this project's scale (issue 8): the on-policy baseline against FIFO
 #: buffers of several capacities and replay ratios, positive-bias sampling and AsymRE, at equal
 #: settings otherwise; then a learning-rate sweep of the baseline and of the best buffer
-#: configuration. Measured: 36 min on a 2-core CPU machine (README, "Results"; the budget is 60).
+#: configuration. Measured: 38 min on a 2-core CPU machine (README, "Results"; the budget is 60).
 GRIDS: dict[str, Grid] = {
     "default": Grid(
         configs={
@@ -91,18 +96,20 @@ GRIDS: dict[str, Grid] = {
             "asymre128_k2": ["experiment=replay", "algo=asymre"],
             # Half the generation a learner step: 4 prompts (32 rollouts) a step, the window
             # positive-biased and drawn by |advantage| (zero-advantage rollouts, which carry no
-            # gradient, almost never), one step of B=64 (replay ratio 2) or B=32 (ratio 1); by
-            # equal_budget they run 200 steps, evaluated every 20, for the baseline's rollouts.
+            # gradient, almost never), one step of B=64 (replay ratio 2) or B=32 (ratio 1), from
+            # a window of 256 or 512; by equal_budget they run 200 steps, evaluated every 20,
+            # for the baseline's rollouts.
             "posbias_prio256_r32": _HALF,
             "posbias_prio256_r32_b32": [*_HALF, "loop.minibatch_size=32"],
-            # The control for those two: the on-policy baseline at the same 4 prompts a step.
+            "posbias_prio512_r32_b32": [*_HALF, "loop.minibatch_size=32", "buffer.capacity=512"],
+            # The control for those three: the on-policy baseline at the same 4 prompts a step.
             "no_buffer_r32": ["experiment=no_buffer", "loop.prompts_per_step=4"],
         },
         seeds=[0, 1, 2, 3],
         overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
         lr_factors=[0.5, 2.0],
         lr_seeds=2,  # 2 seeds: the learning-rate variants take about a fifth of the time
-        about="the on-policy baseline against six buffer configurations and a half-batch on-policy control, "
+        about="the on-policy baseline against seven buffer configurations and a half-batch on-policy control, "
               "4 seeds, each generating 6,400 rollouts, then learning rates x0.5 and x2 (2 seeds) for the "
               "baseline and the best buffer configuration"),
     "quick": Grid(
