@@ -175,7 +175,8 @@ def equal_budget(configs: dict[str, list[str]], overrides: list[str], baseline: 
     fewer (or more) rollouts per step than the baseline (loop.prompts_per_step x
     loop.group_size) runs proportionally more (or fewer) steps, rounded up, and is evaluated
     at the same interval of generated rollouts: its `loop.steps` and `loop.eval_every` are
-    scaled by baseline rollouts / its rollouts. So every child generates as many rollouts as
+    scaled by baseline rollouts / its rollouts (the baseline's own values when it sets them:
+    a configuration of the same size then runs as long). So every child generates as many rollouts as
     the baseline's run, and every curve is sampled at the same points of the generated-token
     axis (a configuration evaluated more often would get more chances at a noisy peak). A
     configuration that sets one of these keys itself keeps its own value; without the
@@ -201,8 +202,10 @@ def equal_budget(configs: dict[str, list[str]], overrides: list[str], baseline: 
             continue
         ratio = Fraction(rollouts(base), rollouts(cfg))
         own = {o.split("=", 1)[0].lstrip("+~") for o in extra}
-        out[name] = list(extra) + [f"loop.{key}={math.ceil(int(base.loop[key]) * ratio)}"
-                                   for key in _BUDGET_KEYS if ratio != 1 and f"loop.{key}" not in own]
+        target = {key: math.ceil(int(base.loop[key]) * ratio)
+                  for key in _BUDGET_KEYS if f"loop.{key}" not in own}
+        out[name] = list(extra) + [f"loop.{key}={value}" for key, value in target.items()
+                                   if value != int(cfg.loop[key])]
     return out
 
 

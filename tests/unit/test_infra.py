@@ -132,6 +132,10 @@ def test_equal_budget_gives_every_configuration_the_baselines_generated_rollouts
                  for name, (o, _) in steps.items()}
     assert generated["half"] == generated["base"] == 50 * 64 and generated["third"] >= 50 * 64
     assert equal_budget(configs, shared, "absent") == configs
+    longer = equal_budget({"base": ["experiment=no_buffer", "loop.steps=80"], "same": ["experiment=replay"],
+                           "half": ["experiment=replay", "loop.prompts_per_step=4"]}, shared, "base")
+    assert longer["same"] == ["experiment=replay", "loop.steps=80"]  # the baseline's own length, same size
+    assert longer["half"] == ["experiment=replay", "loop.prompts_per_step=4", "loop.steps=160", "loop.eval_every=20"]
     assert equal_budget({"a": ["loop=async"], "b": ["loop.prompts_per_step=4"]}, shared, "b")["a"] == ["loop=async"]
 
 
