@@ -236,6 +236,10 @@ class AlgoConfig:
     kl_coef: float = 0.0
     """Weight of a KL penalty to the frozen starting policy (k3 estimator); 0 = off, as in
     the paper."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus: the per-token loss minus entropy_coef times the entropy of
+    the current policy's next-token distribution (on completion tokens, aggregated like the
+    loss); 0 = off, as in the paper."""
     lr: float = 3e-5
     """AdamW learning rate, constant (CPU-DEMO: 3e-5 and 6e-5 held, 1e-4 drifted, 3e-4 collapsed)."""
     eps_low: float = 0.2
@@ -497,6 +501,8 @@ def validate(cfg: DictConfig | Config) -> None:
     need(algo.lr > 0, f"algo.lr={algo.lr} must be > 0")
     need(algo.tis_cap > 0, f"algo.tis_cap={algo.tis_cap} must be > 0")
     need(algo.kl_coef >= 0, f"algo.kl_coef={algo.kl_coef} must be >= 0 (0 disables the KL penalty)")
+    need(algo.entropy_coef >= 0,
+         f"algo.entropy_coef={algo.entropy_coef} must be >= 0 (0 disables the entropy bonus)")
     need(0 <= algo.eps_low < 1, f"algo.eps_low={algo.eps_low} must be in [0, 1)")
     need(algo.eps_high >= 0, f"algo.eps_high={algo.eps_high} must be >= 0")
     need(algo.max_grad_norm >= 0, f"algo.max_grad_norm={algo.max_grad_norm} must be >= 0 (0 disables)")

@@ -98,14 +98,16 @@ def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequen
                  _optional_vector(rewards), _optional_vector(group_reward_mean))
 
 
-def token_logprobs_and_entropy(model, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L-1) log-probs of each next token and entropy of each next-token distribution."""
+def token_logprobs_and_entropy(model, batch: Batch, temperature: float,
+                               entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L-1) log-probs of each next token and entropy of each next-token distribution
+    (differentiable only with `entropy_grad`, for an entropy bonus)."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     logits = logits[:, :-1].float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     targets = batch.input_ids[:, 1:].unsqueeze(-1)
     logp = logp_all.gather(-1, targets).squeeze(-1)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
@@ -114,7 +116,7 @@ class Learner:
     def __init__(self, model, *, objective: str = "grpo_clip", lr: float = 3e-5,
                  eps_low: float = 0.2, eps_high: float = 0.2,
                  objective_params: Mapping[str, float] | None = None, kl_coef: float = 0.0,
-                 loss_agg: str = "token_mean",
+                 entropy_coef: float = 0.0, loss_agg: str = "token_mean",
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), temperature: float = 1.0,
                  pad_id: int = 0):
@@ -127,9 +129,12 @@ class Learner:
             self.objective, {"eps_low": eps_low, "eps_high": eps_high, **(objective_params or {})})
         if kl_coef < 0:
             raise ValueError(f"kl_coef={kl_coef} must be >= 0 (0 turns the KL penalty off)")
+        if entropy_coef < 0:
+            raise ValueError(f"entropy_coef={entropy_coef} must be >= 0 (0 turns the entropy bonus off)")
         self.model = model
         self.model.train()
         self.kl_coef = kl_coef
+        self.entropy_coef = entropy_coef
         # Frozen starting policy for the KL penalty; only built when it is used.
         self.reference = None
         if kl_coef > 0:
@@ -202,7 +207,8 @@ class Learner:
                         rows["advantage"], self.pad_id, rewards=rows.get("reward"),
                         group_reward_mean=rows.get("group_reward_mean")).to(self.device)
         self._check_logprobs(rows, batch)
-        logp, entropy = token_logprobs_and_entropy(self.model, batch, self.temperature)
+        logp, entropy = token_logprobs_and_entropy(self.model, batch, self.temperature,
+                                                   entropy_grad=self.entropy_coef > 0)
         m = batch.completion_mask
         on = m > 0
         logp = torch.where(on, logp, torch.zeros_like(logp))  # only completion tokens matter
@@ -218,6 +224,8 @@ class Learner:
                 ref_logp = torch.where(on, ref_logp, torch.zeros_like(ref_logp))
             kl_ref = kl_penalty(logp, ref_logp)
             per_token = per_token + self.kl_coef * kl_ref
+        if self.entropy_coef > 0:  # bonus: higher entropy lowers the loss
+            per_token = per_token - self.entropy_coef * torch.where(on, entropy, torch.zeros_like(entropy))
         loss = aggregate(per_token, m, self.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
         if bool(on.any()):

@@ -192,7 +192,7 @@ class TrainingRun:
             model, objective=a.objective, lr=a.lr,
             objective_params={"eps_low": a.eps_low, "eps_high": a.eps_high, "delta_v": a.delta_v,
                               "tis_cap": a.tis_cap},
-            kl_coef=a.kl_coef, loss_agg=a.loss_agg, max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
+            kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg, max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
             betas=(a.adam_beta1, a.adam_beta2), temperature=gen_cfg.temperature,
             pad_id=generator.pad_id)
 

@@ -55,6 +55,7 @@ def test_no_buffer_preset(preset):
     (["buffer=none", "loop.updates_per_step=2"], "exactly once"),
     (["algo.objective=ppo"], "algo.objective"),
     (["algo.lr=abc"], "algo.lr"),
+    (["algo.entropy_coef=-0.01"], "algo.entropy_coef=-0.01 must be >= 0"),
     (["loop.group_size=1"], "at least two completions"),
     (["run_id=bad/name"], "run_id"),
     (["resume=bad/name"], "resume="),

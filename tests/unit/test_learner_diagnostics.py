@@ -85,6 +85,20 @@ def test_kl_to_frozen_reference(tok, rows):
     assert _learner(tok).reference is None  # off by default: no copy kept
 
 
+def test_entropy_bonus_alone_raises_the_policy_entropy(tok, rows):
+    # Zero advantages: the policy loss and its gradient vanish, so what moves the weights is
+    # the bonus alone; the reported loss is -entropy_coef * mean entropy (token_mean).
+    flat = dict(rows, advantage=[0.0] * 4)
+    assert _learner(tok).step(flat)["grad_norm"] == 0.0  # off by default: nothing to learn
+    learner = _learner(tok, entropy_coef=1.0)
+    first = learner.step(flat)
+    assert first["loss"] == pytest.approx(-first["entropy"], rel=1e-5)
+    assert first["grad_norm"] > 0
+    later = [learner.step(flat)["entropy"] for _ in range(3)]
+    assert later[-1] > first["entropy"]
+    assert all(math.isfinite(v) for v in later)
+
+
 def test_objective_gets_only_the_params_it_declares(tok):
     params = {"delta_v": -0.2, "tis_cap": 3.0, "eps_low": 0.1, "eps_high": 0.3}
     assert _learner(tok, objective="tis", objective_params=params).objective_kwargs == {"tis_cap": 3.0}
@@ -103,6 +117,8 @@ def test_start_up_errors_name_the_fix(tok, rows):
         _learner(tok, objective="tis", objective_params={"tis_capp": 2.0})
     with pytest.raises(ValueError, match="kl_coef"):
         _learner(tok, kl_coef=-1.0)
+    with pytest.raises(ValueError, match="entropy_coef=-0.1 must be >= 0"):
+        _learner(tok, entropy_coef=-0.1)
     no_rewards = {k: v for k, v in rows.items() if k not in ("reward", "group_reward_mean")}
     with pytest.raises(ValueError, match="asymre needs .*reward"):
         _learner(tok, objective="asymre").step(no_rewards)
