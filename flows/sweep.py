@@ -3,6 +3,7 @@ flow run and of one MLflow parent run; then a learning-rate stage and the report
 
     python -m flows.sweep                                   # the default grid (GRIDS["default"], 38 min measured here)
     python -m flows.sweep --quick                           # the quick grid (~10 min)
+    python -m flows.sweep --grid headline                   # baseline vs the two best, 10 seeds
     python -m flows.sweep --seeds 0,1,2,3 loop.steps=200    # overrides shared by every child
     python -m flows.sweep --config base=experiment=no_buffer \
         --config big=experiment=replay,buffer.capacity=512 --lr-factors 0.5,2 --name capacity
@@ -112,6 +113,18 @@ GRIDS: dict[str, Grid] = {
         about="the on-policy baseline against seven buffer configurations and a half-batch on-policy control, "
               "4 seeds, each generating 6,400 rollouts, then learning rates x0.5 and x2 (2 seeds) for the "
               "baseline and the best buffer configuration"),
+    # The paper's headline figure uses 10 seeds (PAPER.md, "How results are read"): the baseline
+    # and the default grid's two best buffer configurations, seeds 0-9, no learning-rate stage.
+    # Seeds 0-3 repeat the default grid's runs exactly (training is deterministic under the seed).
+    "headline": Grid(
+        configs={"no_buffer": ["experiment=no_buffer"],
+                 "posbias_prio256_r32_b32": [*_HALF, "loop.minibatch_size=32"],
+                 "posbias_prio512_r32_b32": [*_HALF, "loop.minibatch_size=32", "buffer.capacity=512"]},
+        seeds=list(range(10)),
+        overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
+        lr_factors=[],
+        about="the paper's headline comparison at 10 seeds: the on-policy baseline against the default "
+              "grid's two best buffer configurations (equal generation budget), no learning-rate stage"),
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],

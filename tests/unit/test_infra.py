@@ -98,6 +98,11 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
         assert (configs, seeds, factors) == (grid.configs, grid.seeds, grid.lr_factors)
         assert len(plan(configs, seeds, overrides, name, "x")) == len(configs) * len(seeds)
     assert "no_buffer" in GRIDS["default"].configs and len(GRIDS["default"].seeds) >= 4
+    # the headline grid: the default grid's runs of the same names, at 10 seeds including its own
+    head, default = GRIDS["headline"], GRIDS["default"]
+    assert len(head.seeds) == 10 and set(default.seeds) <= set(head.seeds) and head.lr_factors == []
+    assert head.overrides == default.overrides and "no_buffer" in head.configs
+    assert all(default.configs[name] == extra for name, extra in head.configs.items())
     configs, seeds, overrides, factors = settle(None, {"a": []}, None, ["loop.steps=3"], None)
     assert (configs, seeds, overrides, factors) == ({"a": []}, [0, 1], ["loop.steps=3"], [])
     configs, seeds, overrides, factors = settle("quick", None, [5], ["loop.steps=3"], [2])
