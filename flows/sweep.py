@@ -3,7 +3,7 @@ flow run and of one MLflow parent run; then a learning-rate stage and the report
 
     python -m flows.sweep                                   # the default grid (GRIDS["default"], 38 min measured here)
     python -m flows.sweep --quick                           # the quick grid (~10 min)
-    python -m flows.sweep --grid headline                   # baseline vs the two best, 10 seeds
+    python -m flows.sweep --grid headline                   # baseline vs the two best, 10 seeds (26 min)
     python -m flows.sweep --seeds 0,1,2,3 loop.steps=200    # overrides shared by every child
     python -m flows.sweep --config base=experiment=no_buffer \
         --config big=experiment=replay,buffer.capacity=512 --lr-factors 0.5,2 --name capacity
@@ -116,6 +116,7 @@ GRIDS: dict[str, Grid] = {
     # The paper's headline figure uses 10 seeds (PAPER.md, "How results are read"): the baseline
     # and the default grid's two best buffer configurations, seeds 0-9, no learning-rate stage.
     # Seeds 0-3 repeat the default grid's runs exactly (training is deterministic under the seed).
+    # Measured: 26 min on the 2-core CPU machine (README, "The headline at 10 seeds").
     "headline": Grid(
         configs={"no_buffer": ["experiment=no_buffer"],
                  "posbias_prio256_r32_b32": [*_HALF, "loop.minibatch_size=32"],
