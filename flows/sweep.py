@@ -86,43 +86,45 @@ _HALF = ["experiment=replay", "buffer=positive_bias", "buffer.strategy=prioritiz
 #: buffers of several capacities and replay ratios, positive-bias sampling and AsymRE, at equal
 #: settings otherwise; then a learning-rate sweep of the baseline and of the best buffer
 #: configuration. Measured: 38 min on a 2-core CPU machine (README, "Results"; the budget is 60).
+_DEFAULT = Grid(
+    configs={
+        "no_buffer": ["experiment=no_buffer"],
+        "fifo128_k2": ["experiment=replay"],
+        "fifo256_k4": ["experiment=replay", "buffer.capacity=256", "loop.updates_per_step=4"],
+        "posbias256_k4": ["experiment=replay", "buffer=positive_bias", "buffer.capacity=256",
+                          "loop.updates_per_step=4"],
+        "asymre128_k2": ["experiment=replay", "algo=asymre"],
+        # Half the generation a learner step: 4 prompts (32 rollouts) a step, the window
+        # positive-biased and drawn by |advantage| (zero-advantage rollouts, which carry no
+        # gradient, almost never), one step of B=64 (replay ratio 2) or B=32 (ratio 1), from
+        # a window of 256 or 512; by equal_budget they run 200 steps, evaluated every 20,
+        # for the baseline's rollouts.
+        "posbias_prio256_r32": _HALF,
+        "posbias_prio256_r32_b32": [*_HALF, "loop.minibatch_size=32"],
+        "posbias_prio512_r32_b32": [*_HALF, "loop.minibatch_size=32", "buffer.capacity=512"],
+        # The control for those three: the on-policy baseline at the same 4 prompts a step.
+        "no_buffer_r32": ["experiment=no_buffer", "loop.prompts_per_step=4"],
+    },
+    seeds=[0, 1, 2, 3],
+    overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
+    lr_factors=[0.5, 2.0],
+    lr_seeds=2,  # 2 seeds: the learning-rate variants take about a fifth of the time
+    about="the on-policy baseline against seven buffer configurations and a half-batch on-policy control, "
+          "4 seeds, each generating 6,400 rollouts, then learning rates x0.5 and x2 (2 seeds) for the "
+          "baseline and the best buffer configuration")
+
+#: The built-in grids, by name (`--grid`).
 GRIDS: dict[str, Grid] = {
-    "default": Grid(
-        configs={
-            "no_buffer": ["experiment=no_buffer"],
-            "fifo128_k2": ["experiment=replay"],
-            "fifo256_k4": ["experiment=replay", "buffer.capacity=256", "loop.updates_per_step=4"],
-            "posbias256_k4": ["experiment=replay", "buffer=positive_bias", "buffer.capacity=256",
-                              "loop.updates_per_step=4"],
-            "asymre128_k2": ["experiment=replay", "algo=asymre"],
-            # Half the generation a learner step: 4 prompts (32 rollouts) a step, the window
-            # positive-biased and drawn by |advantage| (zero-advantage rollouts, which carry no
-            # gradient, almost never), one step of B=64 (replay ratio 2) or B=32 (ratio 1), from
-            # a window of 256 or 512; by equal_budget they run 200 steps, evaluated every 20,
-            # for the baseline's rollouts.
-            "posbias_prio256_r32": _HALF,
-            "posbias_prio256_r32_b32": [*_HALF, "loop.minibatch_size=32"],
-            "posbias_prio512_r32_b32": [*_HALF, "loop.minibatch_size=32", "buffer.capacity=512"],
-            # The control for those three: the on-policy baseline at the same 4 prompts a step.
-            "no_buffer_r32": ["experiment=no_buffer", "loop.prompts_per_step=4"],
-        },
-        seeds=[0, 1, 2, 3],
-        overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
-        lr_factors=[0.5, 2.0],
-        lr_seeds=2,  # 2 seeds: the learning-rate variants take about a fifth of the time
-        about="the on-policy baseline against seven buffer configurations and a half-batch on-policy control, "
-              "4 seeds, each generating 6,400 rollouts, then learning rates x0.5 and x2 (2 seeds) for the "
-              "baseline and the best buffer configuration"),
+    "default": _DEFAULT,
     # The paper's headline figure uses 10 seeds (PAPER.md, "How results are read"): the baseline
     # and the default grid's two best buffer configurations, seeds 0-9, no learning-rate stage.
     # Seeds 0-3 repeat the default grid's runs exactly (training is deterministic under the seed).
     # Measured: 26 min on the 2-core CPU machine (README, "The headline at 10 seeds").
     "headline": Grid(
-        configs={"no_buffer": ["experiment=no_buffer"],
-                 "posbias_prio256_r32_b32": [*_HALF, "loop.minibatch_size=32"],
-                 "posbias_prio512_r32_b32": [*_HALF, "loop.minibatch_size=32", "buffer.capacity=512"]},
+        configs={name: _DEFAULT.configs[name]
+                 for name in ("no_buffer", "posbias_prio256_r32_b32", "posbias_prio512_r32_b32")},
         seeds=list(range(10)),
-        overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
+        overrides=_DEFAULT.overrides,
         lr_factors=[],
         about="the paper's headline comparison at 10 seeds: the on-policy baseline against the default "
               "grid's two best buffer configurations (equal generation budget), no learning-rate stage"),

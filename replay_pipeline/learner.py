@@ -224,8 +224,8 @@ class Learner:
                 ref_logp = torch.where(on, ref_logp, torch.zeros_like(ref_logp))
             kl_ref = kl_penalty(logp, ref_logp)
             per_token = per_token + self.kl_coef * kl_ref
-        if self.entropy_coef > 0:  # bonus: higher entropy lowers the loss
-            per_token = per_token - self.entropy_coef * torch.where(on, entropy, torch.zeros_like(entropy))
+        if self.entropy_coef > 0:  # bonus: higher entropy lowers the loss (aggregate drops padding)
+            per_token = per_token - self.entropy_coef * entropy
         loss = aggregate(per_token, m, self.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
         if bool(on.any()):
