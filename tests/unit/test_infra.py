@@ -14,6 +14,7 @@ import yaml
 
 from flows.deploy import ENTRYPOINTS
 from replay_pipeline.config import ConfigError
+from replay_pipeline.resume import resolve_config
 from tests.conftest import ROOT
 
 
@@ -103,6 +104,14 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
     assert len(head.seeds) == 10 and set(default.seeds) <= set(head.seeds) and head.lr_factors == []
     assert head.overrides == default.overrides and "no_buffer" in head.configs
     assert all(default.configs[name] == extra for name, extra in head.configs.items())
+    # the long grid: headline runs at three times the budget, evaluated as often per rollout
+    long = GRIDS["long"]
+    assert "no_buffer" in long.configs and len(long.configs) >= 2 and long.lr_factors == []
+    assert all(head.configs[name] == extra for name, extra in long.configs.items())
+    assert long.seeds == head.seeds
+    assert len(long.overrides) == len(default.overrides)
+    assert all(o == d or o.startswith("loop.steps=") for o, d in zip(long.overrides, default.overrides))
+    assert resolve_config(long.overrides).loop.steps == 3 * resolve_config(default.overrides).loop.steps
     configs, seeds, overrides, factors = settle(None, {"a": []}, None, ["loop.steps=3"], None)
     assert (configs, seeds, overrides, factors) == ({"a": []}, [0, 1], ["loop.steps=3"], [])
     configs, seeds, overrides, factors = settle("quick", None, [5], ["loop.steps=3"], [2])
