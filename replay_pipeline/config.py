@@ -61,7 +61,8 @@ class ModelConfig:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     """Supervised warm start of the built-in model (ignored when `path` is set)."""
     torch_threads: int = 2
-    """CPU threads for torch; 0 keeps torch's own default."""
+    """CPU threads for torch; 0 keeps torch's own default. Runs are bit for bit repeatable at a
+    fixed thread count; another count sums in another order and the rollouts drift apart."""
     device: str = "auto"
     """Where the learner's model and the transformers generator run: `auto` (`cuda` when torch
     sees a GPU, else `cpu`; each process decides for itself), `cpu`, `cuda` or `cuda:N`
