@@ -8,6 +8,11 @@ them, and runs before every checkpoint and at `finish()`, so a checkpoint implie
 metrics of the steps it covers are stored. A writer error surfaces at the next call. `NullTracker` has the same interface and does nothing, which
 keeps `if tracker:` checks out of the training loop.
 
+A SIGTERM or Ctrl-C that arrives while the calling thread is inside a tracking-store call is
+held until the call returns (`deferred_signals`): Prefect's SIGTERM handler raises wherever the
+main thread is, and an exception raised inside a SQLAlchemy statement can leave the SQLite
+store locked, so the run could not then be marked KILLED.
+
 Secrets stay out of MLflow: params, tags and text artifacts (config.yaml, summary.json) have
 the values of secret-looking keys (`aws_secret_access_key`, `..._token`, `password`, account
 keys, ...; see `is_secret_key`) replaced by `***` (`mask_secrets`, `mask_secrets_text`).
@@ -15,11 +20,15 @@ keys, ...; see `is_secret_key`) replaced by `***` (`mask_secrets`, `mask_secrets
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
 import re
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -64,6 +73,49 @@ def mask_secrets_text(text: str) -> str:
     return _KEY_LINE.sub(repl, text)
 
 
+_DEFERRED = (signal.SIGTERM, signal.SIGINT)
+_deferring = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Hold SIGTERM and SIGINT that arrive inside the block, then hand them to the handlers
+    they would have reached, in arrival order, once it is done (so an exception a handler
+    raises, such as Prefect's TerminationSignal or KeyboardInterrupt, comes out of the `with`
+    instead of out of the middle of a store write). Only the main thread runs signal handlers,
+    so elsewhere, and inside an outer block, this does nothing; a handler Python did not
+    install (getsignal is None) is left in place."""
+    if threading.current_thread() is not threading.main_thread() or getattr(_deferring, "on", False):
+        yield
+        return
+    pending: list[tuple[int, Any]] = []
+    previous = {s: h for s in _DEFERRED if (h := signal.getsignal(s)) is not None}
+    for signum in previous:
+        signal.signal(signum, lambda n, frame: pending.append((n, frame)))
+    _deferring.on = True
+    try:
+        yield
+    finally:
+        _deferring.on = False
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum, frame in pending:
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
+def _uninterrupted(method):
+    """Run a tracker method that talks to the store with `deferred_signals`."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with deferred_signals():
+            return method(*args, **kwargs)
+    return wrapper
+
+
 class NullTracker:
     run_id: str | None = None
     uri: str | None = None
@@ -79,6 +131,7 @@ class NullTracker:
 
 
 class MlflowTracker:
+    @_uninterrupted
     def __init__(self, uri: str, experiment: str, artifact_location: str | Path | None,
                  run_name: str, tags: Mapping[str, str] | None = None):
         from mlflow.tracking import MlflowClient
@@ -136,24 +189,28 @@ class MlflowTracker:
         self = cls.__new__(cls)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
-        try:
-            run = self.client.get_run(run_id)
-        except MlflowException as exc:
-            raise ValueError(f"MLflow run {run_id} not found at {uri}: {exc}. Resume needs the "
-                             "tracking store the run logged to (tracking.mlflow_uri).") from exc
-        self.experiment_id = run.info.experiment_id
-        self.run_id = run.info.run_id
-        self.artifact_uri = run.info.artifact_uri
-        self.client.update_run(self.run_id, status="RUNNING")
+        with deferred_signals():
+            try:
+                run = self.client.get_run(run_id)
+            except MlflowException as exc:
+                raise ValueError(f"MLflow run {run_id} not found at {uri}: {exc}. Resume needs the "
+                                 "tracking store the run logged to (tracking.mlflow_uri).") from exc
+            self.experiment_id = run.info.experiment_id
+            self.run_id = run.info.run_id
+            self.artifact_uri = run.info.artifact_uri
+            self.client.update_run(self.run_id, status="RUNNING")
         self._start_writer()
         return self
 
+    @_uninterrupted
     def status(self) -> str:
         return self.client.get_run(self.run_id).info.status
 
+    @_uninterrupted
     def params(self) -> dict[str, str]:
         return dict(self.client.get_run(self.run_id).data.params)
 
+    @_uninterrupted
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -173,15 +230,18 @@ class MlflowTracker:
         if items:
             self._queue.put(items)
 
+    @_uninterrupted
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, mask_secrets_text(text), artifact_file)
 
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         self.log_text(json.dumps(data, indent=2, sort_keys=True, default=str), artifact_file)
 
+    @_uninterrupted
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
+    @_uninterrupted
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for k, v in mask_secrets(tags).items():
             self.client.set_tag(self.run_id, k, str(v))
@@ -190,5 +250,6 @@ class MlflowTracker:
         try:
             self.flush()
         finally:
-            self.client.set_terminated(self.run_id, status=status)
+            with deferred_signals():
+                self.client.set_terminated(self.run_id, status=status)
 
