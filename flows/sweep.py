@@ -72,12 +72,14 @@ class Grid:
     """How many of the seeds the learning-rate stage uses (None: all)."""
 
 
-#: Settings every child of the built-in grids shares: runs short enough for the budget,
-#: held-out greedy accuracy often enough to see when a run reaches the baseline's peak,
-#: pass@k and a checkpoint at the end only. (Nothing that changes the task's split, such as
-#: task.heldout_size: that would warm-start a new model instead of reusing the cached one.)
-_SHORT = ["loop.steps=STEPS", "loop.eval_every=EVAL", "loop.passk_every=0", "loop.checkpoint_every=0",
-          "tracking.progress=false"]
+def _shared(steps: int, eval_every: int = 10) -> list[str]:
+    """Settings every child of a built-in grid shares: `steps` baseline steps (short enough for
+    the grid's budget), held-out greedy accuracy every `eval_every` often enough to see when a
+    run reaches the baseline's peak, pass@k and a checkpoint at the end only. (Nothing that
+    changes the task's split, such as task.heldout_size: that would warm-start a new model
+    instead of reusing the cached one.)"""
+    return [f"loop.steps={steps}", f"loop.eval_every={eval_every}", "loop.passk_every=0",
+            "loop.checkpoint_every=0", "tracking.progress=false"]
 
 #: What the default grid's half-generation configurations share (see there).
 _HALF = ["experiment=replay", "buffer=positive_bias", "buffer.strategy=prioritized", "buffer.capacity=256",
@@ -107,7 +109,7 @@ _DEFAULT = Grid(
         "no_buffer_r32": ["experiment=no_buffer", "loop.prompts_per_step=4"],
     },
     seeds=[0, 1, 2, 3],
-    overrides=[o.replace("STEPS", "100").replace("EVAL", "10") for o in _SHORT],
+    overrides=_shared(100),
     lr_factors=[0.5, 2.0],
     lr_seeds=2,  # 2 seeds: the learning-rate variants take about a fifth of the time
     about="the on-policy baseline against seven buffer configurations and a half-batch on-policy control, "
@@ -137,7 +139,7 @@ GRIDS: dict[str, Grid] = {
     "long": Grid(
         configs={name: _DEFAULT.configs[name] for name in ("no_buffer", "posbias_prio512_r32_b32")},
         seeds=list(range(10)),
-        overrides=[o.replace("STEPS", "300").replace("EVAL", "10") for o in _SHORT],
+        overrides=_shared(300),
         lr_factors=[],
         about="the on-policy baseline against the headline's best buffer configuration at three times "
               "the generation budget (19,200 rollouts, the baseline near its peak), 10 seeds, no "
@@ -145,7 +147,7 @@ GRIDS: dict[str, Grid] = {
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],
-        overrides=[o.replace("STEPS", "60").replace("EVAL", "10") for o in _SHORT],
+        overrides=_shared(60),
         lr_factors=[],
         about="the on-policy baseline against the default replay buffer, 2 seeds, 60 steps: a look "
               "in about 10 minutes, not a result"),

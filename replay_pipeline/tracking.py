@@ -180,6 +180,7 @@ class MlflowTracker:
         self._raise_pending()
 
     @classmethod
+    @_uninterrupted
     def attach(cls, uri: str, run_id: str) -> "MlflowTracker":
         """Continue logging into an existing MLflow run (a resumed training run): the run is
         set back to RUNNING. Raises ValueError if the run does not exist at `uri`."""
@@ -189,16 +190,15 @@ class MlflowTracker:
         self = cls.__new__(cls)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
-        with deferred_signals():
-            try:
-                run = self.client.get_run(run_id)
-            except MlflowException as exc:
-                raise ValueError(f"MLflow run {run_id} not found at {uri}: {exc}. Resume needs the "
-                                 "tracking store the run logged to (tracking.mlflow_uri).") from exc
-            self.experiment_id = run.info.experiment_id
-            self.run_id = run.info.run_id
-            self.artifact_uri = run.info.artifact_uri
-            self.client.update_run(self.run_id, status="RUNNING")
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as exc:
+            raise ValueError(f"MLflow run {run_id} not found at {uri}: {exc}. Resume needs the "
+                             "tracking store the run logged to (tracking.mlflow_uri).") from exc
+        self.experiment_id = run.info.experiment_id
+        self.run_id = run.info.run_id
+        self.artifact_uri = run.info.artifact_uri
+        self.client.update_run(self.run_id, status="RUNNING")
         self._start_writer()
         return self
 
