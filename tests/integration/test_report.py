@@ -218,11 +218,15 @@ def test_summary_numbers(built):
 def test_frontier_per_family(built):
     f = built.summary["frontiers"]
     assert set(f) == {"no_buffer", "replay", "slow"} and f["replay"]["configs"] == ["replay", "replay_lr2"]
-    points = [(p["compute"], p["config"], p["step"]) for p in f["replay"]["tokens"]["points"]]
-    assert points == pytest.approx([(0, "replay", 0), (200, "replay_lr2", 5), (250, "replay", 5),
-                                    (400, "replay_lr2", 10), (500, "replay", 10), (750, "replay", 15)])
+    points = f["replay"]["tokens"]["points"]
+    # Labels exactly, numbers approximately: pytest.approx takes only flat numeric sequences
+    # (pytest 9.2 refuses nested ones), so the two are compared apart.
+    assert [(p["config"], p["step"]) for p in points] == [
+        ("replay", 0), ("replay_lr2", 5), ("replay", 5), ("replay_lr2", 10), ("replay", 10), ("replay", 15)]
+    assert [p["compute"] for p in points] == pytest.approx([0, 200, 250, 400, 500, 750])
     reach = f["replay"]["tokens"]["to_baseline_peak"]
-    assert (reach["compute"], reach["config"], reach["ratio"]) == pytest.approx((500, "replay", 0.5))
+    assert reach["config"] == "replay"
+    assert (reach["compute"], reach["ratio"]) == pytest.approx((500, 0.5))
     assert f["slow"]["seconds"]["to_baseline_peak"] is None
 
 

@@ -159,3 +159,72 @@ def test_lr_variants_scale_the_configurations_own_learning_rate():
     assert lr_variants("asym", ["algo=asymre", "algo.lr=1e-4"], ["loop.steps=3"], [0.5, 2]) == {
         "asym-lrx0p5": ["algo=asymre", "algo.lr=1e-4", "algo.lr=5e-05"],
         "asym-lrx2": ["algo=asymre", "algo.lr=1e-4", "algo.lr=0.0002"]}
+
+
+def _pins(name: str) -> dict[str, str]:
+    """{canonical name: version} of an infra/ constraints file; every line must be an exact pin."""
+    import re
+
+    pins = {}
+    for line in (ROOT / "infra" / name).read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        found = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.+!-]*)", line.strip())
+        assert found, f"infra/{name}: {line!r} is not an exact pin name==version"
+        pins[re.sub(r"[-_.]+", "-", found[1]).lower()] = found[2]
+    return pins
+
+
+def test_cpu_constraints_pin_every_dependency_exactly():
+    """Every direct dependency of the package and of the extras the tests install, and every
+    dependency those declare in turn, has an exact pin; torch is the CPU build's."""
+    import re
+    import tomllib
+    from importlib import metadata
+
+    pins = _pins("constraints-cpu.txt")
+    assert pins["torch"] == _pins("constraints-torch-cpu.txt")["torch"] == "2.13.0"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    direct = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", d)[0]).lower() for d in direct}
+    assert not names - set(pins), f"direct dependencies without a pin: {sorted(names - set(pins))}"
+    # The transitive ones, as far as this environment has them installed (CI installs all).
+    missing = set()
+    for name in sorted(names):
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req:
+                continue
+            dep = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", req)[0]).lower()
+            try:
+                metadata.version(dep)
+            except metadata.PackageNotFoundError:
+                continue  # a marker (platform, python version) left it out here
+            if dep not in pins:
+                missing.add(f"{dep} (needed by {name})")
+    assert not missing, f"installed transitive dependencies without a pin: {sorted(missing)}"
+
+
+@pytest.mark.skipif(os.environ.get("RP_CI_PINNED") != "1",
+                    reason="checks the running environment against the pins: set by .ci/run's pinned mode")
+def test_environment_is_exactly_the_pinned_one():
+    """In CI's pinned mode, what is installed is what infra/constraints-cpu.txt says, and nothing
+    that it does not name (pip, setuptools and the project itself aside)."""
+    from importlib import metadata
+
+    pins = _pins("constraints-cpu.txt")
+    installed = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            import re
+
+            installed[re.sub(r"[-_.]+", "-", name).lower()] = dist.version.split("+")[0]
+    extra = set(installed) - set(pins) - {"pip", "setuptools", "wheel", "replay-pipeline"}
+    assert not extra, f"installed but not pinned: {sorted(extra)}; refresh with infra/refresh-constraints.sh"
+    wrong = {n: (installed[n], v) for n, v in pins.items() if n in installed and installed[n] != v}
+    assert not wrong, f"installed (left) differs from the pin (right): {wrong}"
+    assert not set(pins) - set(installed), f"pinned but not installed: {sorted(set(pins) - set(installed))}"
