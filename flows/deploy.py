@@ -57,6 +57,7 @@ class DeployError(Exception):
 
 
 def api_url() -> str:
+    # start-up cost: Prefect; only this command talks to a server
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
@@ -77,6 +78,7 @@ def default_parameters(name: str, train_overrides: list[str]) -> dict[str, Any]:
 
 def ensure_pool(pool: str) -> str:
     """The work pool's type; a missing pool is created as a `process` pool."""
+    # start-up cost: Prefect; only this command talks to a server
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
@@ -92,6 +94,7 @@ def ensure_pool(pool: str) -> str:
 def deploy(names: list[str], pool: str = DEFAULT_POOL, train_overrides: list[str] | None = None,
            source: Path = ROOT) -> dict[str, str]:
     """Register the named flows as deployments on `pool`; returns name -> deployment id."""
+    # start-up cost: Prefect; only this command talks to a server
     from prefect import Flow
 
     api_url()
@@ -108,8 +111,10 @@ def deploy(names: list[str], pool: str = DEFAULT_POOL, train_overrides: list[str
 def serve(names: list[str], train_overrides: list[str] | None = None) -> None:
     """Serve the named flows from this process (no work pool or worker): it polls the server
     and runs each launched flow run in a subprocess, until stopped."""
+    # start-up cost: Prefect; only this command talks to a server
     from prefect import serve as prefect_serve
 
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.evaluate import evaluate
     from flows.sweep import sweep
     from flows.train import train

@@ -36,6 +36,7 @@ if (_root := _root_from_argv(sys.argv[1:])) is not None:
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -73,6 +74,7 @@ def _runs_under(root: Path) -> list[str]:
 
 def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
     """Find the run, its checkpoint and its MLflow run; EvaluateError says how to fix a miss."""
+    # start-up cost: the command answers --help and bad arguments before loading the library
     from omegaconf import OmegaConf
 
     paths = RunPaths.make(root, run_id)
@@ -104,6 +106,7 @@ def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
     uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
     mlflow_run_id = state.get("mlflow_run_id")
     if mlflow_run_id:
+        # start-up cost: mlflow takes seconds to import; only this path talks to the store
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
@@ -119,14 +122,15 @@ def resolve(run_id: str, root: str | Path, step: int | None) -> Target:
 def load_generator(target: Target, task):
     """The checkpoint's policy behind a generator with the run's settings (generator.backend,
     replay_pipeline.generation.build_generator), on the run's model.device. Close it after use."""
+    # start-up cost: torch/transformers, only on this path
     import torch
     from omegaconf import OmegaConf
     from transformers.utils import logging as hf_logging
 
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.config import GeneratorConfig
-    from replay_pipeline.generation import generator_from_pretrained
     from replay_pipeline.models.device import resolve_device
-    from replay_pipeline.models.loading import read_state_dict
+    from replay_pipeline.models.loading import generator_from_pretrained, read_state_dict
 
     hf_logging.disable_progress_bar()  # per-file load bars would bury the summary
 
@@ -151,9 +155,10 @@ def load_generator(target: Target, task):
 def engine_dir(target: Target, task) -> Path:
     """The Hugging Face directory a vLLM engine builds from: the checkpoint's `model/` when it
     is one (config.json; save_pretrained writes it), else the run's starting policy directory
-    (model.path or the cached warm start: replay_pipeline.models.loading.policy_dir, the
-    directory the trainer's engine was built from), whose weights the checkpoint's replace."""
-    from replay_pipeline.models.loading import policy_dir
+    (model.path or the cached warm start: replay_pipeline.models.policy.policy_dir, the
+    directory the run's engine was built from), whose weights the checkpoint's replace."""
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+    from replay_pipeline.models.policy import policy_dir
 
     model_dir = target.checkpoint / "model"
     if (model_dir / "config.json").is_file():
@@ -162,11 +167,14 @@ def engine_dir(target: Target, task) -> Path:
 
 
 def build_task(cfg):
+    # start-up cost: the command answers --help and bad arguments before loading the library
     from omegaconf import OmegaConf
 
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+    from replay_pipeline.config import TASK_DEFAULTS
     from replay_pipeline.tasks import task_from_config
 
-    return task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
+    return task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
 
 
 def summary_text(target: Target, metrics: dict[str, float], logged: bool) -> str:
@@ -193,6 +201,7 @@ def summary_text(target: Target, metrics: dict[str, float], logged: bool) -> str
 def evaluate(run_id: str, root: str = "runs", step: int | None = None, n: int = 16,
              prompts: int | None = None, seed: int = 0) -> dict[str, float]:
     """Evaluate one checkpoint of `run_id` and log the metrics to its MLflow run."""
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.evaluation import evaluate_all
 
     target = resolve(run_id, root, step)
@@ -215,8 +224,7 @@ def evaluate(run_id: str, root: str = "runs", step: int | None = None, n: int = 
     local.write_text(json.dumps(record, indent=2, sort_keys=True))
     logged = bool(target.mlflow_run_id)
     if logged:
-        import time
-
+        # start-up cost: mlflow takes seconds to import; only this path talks to the store
         from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
 
@@ -268,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     except EvaluateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.progress import quiet_prefect_task_logs
 
     quiet_prefect_task_logs()

@@ -22,9 +22,10 @@ class Progress:
     def start(self) -> None:
         if not self.enabled:
             return
+        # start-up cost: only when the bar is shown
         from tqdm import tqdm
 
-        self.bar = tqdm(total=self.run.cfg.loop.steps, initial=self.run.start_step,
+        self.bar = tqdm(total=self.run.settings.loop.steps, initial=self.run.start_step,
                         desc=f"train {self.run.run_id}", unit="step", file=sys.stderr, dynamic_ncols=True)
         self.bar.set_postfix_str(self._postfix())
 

@@ -350,6 +350,7 @@ def render_table(table: Any, width: int) -> tuple[str, list[str]]:
 
     Numbers and timestamps are never truncated (a cut number misleads); long headers are
     abbreviated first, then text and list cells, and only then are columns left out."""
+    # start-up cost: pyarrow's writers, only for this output format
     import pyarrow as pa
 
     names = list(table.column_names)
@@ -396,6 +397,7 @@ def render_table(table: Any, width: int) -> tuple[str, list[str]]:
 
 def _text_ready(table: Any) -> Any:
     """float32 (scalar or list) columns as float64 at float32 precision, for text formats."""
+    # start-up cost: pyarrow's writers, only for this output format
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -419,6 +421,7 @@ def _json_default(value: Any) -> Any:
 
 def write_csv(table: Any, sink: Any) -> None:
     """CSV with a header; list columns (token ids, log-probs, tags) as JSON lists."""
+    # start-up cost: pyarrow's writers, only for this output format
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
@@ -462,6 +465,7 @@ def _emit(args: argparse.Namespace, result: Any, matched: int, empty: str, what:
             sys.stdout.write(body)
         return
     if args.format == "parquet":
+        # start-up cost: pyarrow's writers, only for this output format
         import pyarrow.parquet as pq
 
         pq.write_table(result, args.output)

@@ -243,8 +243,9 @@ def equal_budget(configs: dict[str, list[str]], overrides: list[str], baseline: 
 
 def _parent_tracker(overrides: list[str], name: str, sweep_id: str, configs: dict[str, list[str]],
                     seeds: list[int]):
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.tracking import MlflowTracker
-    from replay_pipeline.trainer import artifact_location
+    from replay_pipeline.runs import artifact_location
 
     cfg = resolve_config(overrides)
     paths = RunPaths.make(cfg.tracking.root_dir, f"{name}-{sweep_id}")
@@ -287,6 +288,7 @@ def lr_variants(config: str, extra: list[str], overrides: list[str], factors: li
 
 
 def _run_children(children: list[Child], parent, results: list[dict[str, Any]]) -> None:
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.train import train
 
     for child in children:
@@ -308,6 +310,7 @@ def _run_children(children: list[Child], parent, results: list[dict[str, Any]]) 
 
 def _best(parent, record: dict[str, Any], baseline: str, log) -> str | None:
     """The best buffer configuration of the first stage (replay_pipeline.report.best_config)."""
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline import report
 
     parent.log_dict(record, "sweep.json")
@@ -369,6 +372,7 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
 def _report(parent, baseline: str, mu: float, overrides: list[str]) -> dict[str, Any]:
     """The report on the finished sweep; a report that cannot be made is said, not raised (the
     runs are done and stored; `python -m flows.report` can be run again)."""
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline import report
 
     root = resolve_config(overrides).tracking.root_dir

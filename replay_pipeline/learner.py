@@ -48,8 +48,17 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from replay_pipeline.bounds import Bound
 from replay_pipeline.objectives import (OBJECTIVES, LossInputs, aggregate, get_objective,
                                         kl_penalty, objective_param_names)
+
+
+#: The learner's own bounds, stated once: the algo.* configuration fields of the same name
+#: refer to these (replay_pipeline.config.owned).
+LEARNER_BOUNDS = {
+    "kl_coef": Bound(ge=0, hint="0 turns the KL penalty off"),
+    "entropy_coef": Bound(ge=0, hint="0 turns the entropy bonus off"),
+}
 
 
 @dataclass
@@ -127,10 +136,8 @@ class Learner:
         self.objective = get_objective(objective)
         self.objective_kwargs = select_objective_params(
             self.objective, {"eps_low": eps_low, "eps_high": eps_high, **(objective_params or {})})
-        if kl_coef < 0:
-            raise ValueError(f"kl_coef={kl_coef} must be >= 0 (0 turns the KL penalty off)")
-        if entropy_coef < 0:
-            raise ValueError(f"entropy_coef={entropy_coef} must be >= 0 (0 turns the entropy bonus off)")
+        for name, value in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef)):
+            LEARNER_BOUNDS[name].check(name, value)
         self.model = model
         self.model.train()
         self.kl_coef = kl_coef

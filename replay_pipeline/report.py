@@ -67,6 +67,7 @@ import numpy as np
 import pandas as pd
 
 from replay_pipeline import planner
+from replay_pipeline.config import LoopConfig
 from replay_pipeline.runs import RunPaths
 
 __all__ = ["DEFAULT_MU", "ReportError", "Report", "Measure", "Child", "Sweep", "measures", "tracking_uri",
@@ -172,6 +173,7 @@ def _recent_sweeps(client: Any, limit: int = 5) -> str:
 
 
 def _parent_run(client: Any, uri: str, parent_run_id: str) -> Any:
+    # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.exceptions import MlflowException
 
     try:
@@ -227,6 +229,7 @@ def _child_keys(metric_names: Sequence[str]) -> list[str]:
 
 
 def _load_child(client: Any, record: dict[str, Any], notes: list[str]) -> Child | None:
+    # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.exceptions import MlflowException
 
     label = f"{record['config']} seed {record['seed']} ({record.get('run_id')})"
@@ -249,6 +252,7 @@ def _load_child(client: Any, record: dict[str, Any], notes: list[str]) -> Child 
 def load(uri: str, parent_run_id: str, baseline: str | None = None) -> Sweep:
     """sweep.json and the metric histories of its FINISHED children; the baseline must have
     at least one finished child with held-out accuracy."""
+    # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
@@ -406,7 +410,6 @@ def _design(children: Sequence[Child]) -> tuple[int, int]:
             return int(p["loop.prompts_per_step"]) * int(p["loop.group_size"]), int(p["loop.minibatch_size"])
         except (KeyError, ValueError):
             continue
-    from replay_pipeline.config import LoopConfig
 
     loop = LoopConfig()
     return loop.prompts_per_step * loop.group_size, loop.minibatch_size
@@ -512,7 +515,7 @@ def distributions(children: Sequence[Child]) -> tuple[dict[str, dict[str, dict[i
     """Per config, the staleness, reuse-count and steps-since-last-use histograms from LanceDB,
     pooled over its seeds ({config: {"runs": seeds read, name: {value: count}}}), and notes on
     what was skipped."""
-    from replay_pipeline import analysis
+    from replay_pipeline import analysis  # start-up cost: lancedb, only when the report reads the buffer
 
     pooled: dict[str, dict[str, Any]] = {}
     notes = []
@@ -537,6 +540,7 @@ def distributions(children: Sequence[Child]) -> tuple[dict[str, dict[str, dict[i
 
 # ------------------------------------------------------------------ plots
 def _figure(panels: int = 1, width: float = 6.0):
+    # start-up cost: matplotlib, only when a plot is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -610,6 +614,7 @@ def _plot_entropy(sweep: Sweep, curves: Mapping[str, pd.DataFrame], path: Path) 
 
 
 def _plot_distributions(dists: Mapping[str, Any], path: Path) -> None:
+    # start-up cost: matplotlib, only when a plot is drawn
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = _figure(len(DISTRIBUTIONS), width=4.5)
@@ -775,6 +780,7 @@ def build_report(uri: str, parent_run_id: str, *, mu: float = DEFAULT_MU, out: s
     """Read the sweep under MLflow run ``parent_run_id`` at ``uri``, write report.md, report.json
     and the plots to ``out`` (default ``<root>/reports/<name>-<sweep_id>``) and log them to the
     parent run under ``report/``."""
+    # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
     if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):

@@ -58,9 +58,6 @@ def _identity(key: str) -> bool:
 FORK_FIXED = ("model.", "buffer.uri", "tracking.")
 FORK_FREE = ("tracking.progress", "tracking.root_dir", "model.torch_threads", "model.device")
 
-RUN_INFO = "run.json"
-
-
 def config_hash(cfg: DictConfig | dict, keys: Iterable[str] | None = None) -> str:
     """SHA-256 (16 hex digits) of every key that shapes the trajectory (not RESUMABLE or
     IDENTITY keys), so a resume can prove it continues with the configuration it stopped with.
@@ -96,17 +93,6 @@ def saved_config(root: str | Path, run_id: str) -> dict[str, Any]:
                           f"{', '.join(have[-10:]) or 'none'}. Pass the run id printed at its start, "
                           "and the same tracking.root_dir it used.")
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-
-
-def read_run_info(root: str | Path, run_id: str) -> dict[str, Any]:
-    """`<run_dir>/run.json`: the MLflow run id and fork lineage, written when a run starts."""
-    path = RunPaths.make(root, run_id).run_dir / RUN_INFO
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is garbled ({exc}); restore it or fork from a checkpoint instead") from exc
 
 
 def _merge(saved: dict[str, Any], changes: dict[str, Any], identity: dict[str, Any]) -> DictConfig:

@@ -4,16 +4,25 @@
     <root>/<run_id>/checkpoints/step-000020/   model, optimizer and state (checkpoints.py)
     <root>/lancedb/                    rollout tables, one per run (rollouts_<run_id>)
     <root>/mlflow.db, <root>/mlartifacts/      MLflow tracking store and artifacts
-    <root>/cache/                      warm-start checkpoints, shared by runs
+    <root>/cache/                      warm-start checkpoints, shared by runs ($REPLAY_PIPELINE_CACHE_DIR
+                                       moves it, e.g. to share it between roots)
     <root>/.prefect/                   Prefect's ephemeral state (PREFECT_HOME)
+
+Ground floor: imports nothing of the project.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+
+#: Environment variable naming a warm-start cache shared by every run root (RunPaths.cache).
+CACHE_ENV = "REPLAY_PIPELINE_CACHE_DIR"
 
 
 def new_run_id() -> str:
@@ -44,7 +53,10 @@ class RunPaths:
 
     @property
     def cache(self) -> Path:
-        return self.root / "cache"
+        """Warm starts: <root>/cache, or the directory named by $REPLAY_PIPELINE_CACHE_DIR (shared
+        by every root on the machine: warm starts are content-addressed by their settings)."""
+        shared = os.environ.get(CACHE_ENV)
+        return Path(shared).expanduser().resolve() if shared else self.root / "cache"
 
     @property
     def mlflow_uri(self) -> str:
@@ -78,3 +90,13 @@ def ensure_writable(root: str | Path) -> Path:
             f"cannot write under {root} ({exc.strerror or exc}); set tracking.root_dir to a "
             "writable directory, e.g. tracking.root_dir=$HOME/replay-runs") from exc
     return root
+
+
+def artifact_location(cfg: Any, paths: RunPaths, mlflow_uri: str) -> str | None:
+    """Where a new MLflow experiment keeps its artifacts: tracking.artifact_location if set;
+    else a tracking server decides (its --artifacts-destination), and a local store keeps
+    them under the run root."""
+    if cfg.tracking.artifact_location:
+        return str(cfg.tracking.artifact_location)
+    remote = str(mlflow_uri).startswith(("http://", "https://", "databricks"))
+    return None if remote else str(paths.artifact_location)

@@ -25,10 +25,12 @@ import functools
 import json
 import math
 import os
+import queue
 import re
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -134,6 +136,7 @@ class MlflowTracker:
     @_uninterrupted
     def __init__(self, uri: str, experiment: str, artifact_location: str | Path | None,
                  run_name: str, tags: Mapping[str, str] | None = None):
+        # start-up cost: mlflow takes seconds to import; only this path talks to the store
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
@@ -151,8 +154,6 @@ class MlflowTracker:
         self._start_writer()
 
     def _start_writer(self) -> None:
-        import queue
-        import threading
 
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
@@ -184,6 +185,7 @@ class MlflowTracker:
     def attach(cls, uri: str, run_id: str) -> "MlflowTracker":
         """Continue logging into an existing MLflow run (a resumed training run): the run is
         set back to RUNNING. Raises ValueError if the run does not exist at `uri`."""
+        # start-up cost: mlflow takes seconds to import; only this path talks to the store
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
@@ -212,6 +214,7 @@ class MlflowTracker:
 
     @_uninterrupted
     def log_params(self, params: Mapping[str, Any]) -> None:
+        # start-up cost: mlflow takes seconds to import; only this path talks to the store
         from mlflow.entities import Param
 
         items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in mask_secrets(params).items()]
@@ -219,8 +222,7 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        import time
-
+        # start-up cost: mlflow takes seconds to import; only this path talks to the store
         from mlflow.entities import Metric
 
         self._raise_pending()

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,8 +51,6 @@ class WeightStore:
     def publish_in_background(self, state_dict: dict[str, torch.Tensor], version: int) -> Any:
         """`publish` on a writer thread (in order); errors surface at the next call or flush.
         Returns the write's future."""
-        from concurrent.futures import ThreadPoolExecutor
-
         self._check_pending(wait=False)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish-weights")
@@ -157,8 +157,6 @@ class WeightFollower:
     error in the thread is not fatal: the in-line read takes over."""
 
     def __init__(self, store: WeightStore, interval: float = 0.01):
-        import threading
-
         self.store, self.interval = store, interval
         self._loaded: tuple[int, dict[str, torch.Tensor]] | None = None
         self._stop = threading.Event()

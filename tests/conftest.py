@@ -1,4 +1,11 @@
-"""Shared test set-up: Prefect's ephemeral state in a throw-away home, small configs."""
+"""Shared test set-up: Prefect's ephemeral state in a throw-away home, one warm-start cache for
+the whole test run, the tier markers, small configs.
+
+Tiers, one folder each, marked from the folder (never by hand): `unit` (pure functions, no
+I/O beyond tmp files), `integration` (real LanceDB tables, MLflow stores, Prefect flow runs),
+`contract` (every generator backend against one suite), `e2e` (`python -m flows.train` and
+friends as processes; most of the suite's time). `pytest -m "not e2e"` skips the slow tier.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,25 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# One warm-start cache for the whole test run (every run root, every subprocess): warm starts
+# are content-addressed by their settings, so the tiny test model is trained once per run of
+# the suite instead of once per module.
+from replay_pipeline.runs import CACHE_ENV  # noqa: E402  (after sys.path is set)
+
+os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts-"))))
+
+TIERS = ("unit", "integration", "contract", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its tier, from the folder it is in."""
+    import pytest
+
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
 
 # A model and task small enough that the warm start takes seconds: tests exercise the
 # pipeline, not the learning (the README's default run shows the learning); the warm

@@ -41,7 +41,7 @@ from replay_pipeline.buffer.schema import ROLLOUT_SCHEMA
 from replay_pipeline.buffer.store import META_COLUMNS, RolloutStore
 
 RUN = "bench"
-# The columns the trainer's learner reads for a minibatch (trainer.LEARN_COLUMNS).
+# The columns the trainer's learner reads for a minibatch (replay_pipeline.run.batches.LEARN_COLUMNS).
 LEARN_COLUMNS = ["rollout_id", "seq", "policy_version", "step", "prompt_ids", "completion_ids",
                  "behaviour_logprobs", "advantage"]
 GROUP_SIZE = 8

@@ -31,8 +31,10 @@ PHASES = ("buffer/append_seconds", "buffer/sample_seconds", "buffer/record_secon
 
 
 def run_loop(mode: str, steps: int, root: str, extra: list[str]) -> dict[str, Any]:
+    # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.train import train
 
     overrides = [f"tracking.root_dir={root}", f"loop.steps={steps}", "loop.eval_every=0", "loop.passk_every=0",
@@ -48,8 +50,9 @@ def run_loop(mode: str, steps: int, root: str, extra: list[str]) -> dict[str, An
         if history:
             means[key] = sum(m.value for m in history) / len(history)
     workers = []
-    if mode == "async":  # each generator's cumulative stats (replay_pipeline/async_loop.py)
-        from replay_pipeline.async_loop import AsyncDir
+    if mode == "async":  # each generator's cumulative stats (replay_pipeline/run/files.py)
+        # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+        from replay_pipeline.run.files import AsyncDir
         from replay_pipeline.runs import RunPaths
 
         control = AsyncDir.of(RunPaths.make(root, summary["run_id"]).run_dir)

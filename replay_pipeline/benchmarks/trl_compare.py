@@ -37,7 +37,7 @@ configuration of our side:
 
 plus `bf16=False`, no gradient (activation) checkpointing, `use_cpu=True` (our flow's policy
 lives on the CPU too), `report_to="none"`, no checkpoints. The training prompts are the very
-prompts our flow draws at each step (`replay_pipeline.trainer.step_prompts`), in order
+prompts our flow draws at each step (`replay_pipeline.run.batches.step_prompts`), in order
 (`shuffle_dataset=False`), and the reward is the task's own verifier (an exact match that ends
 with the end token).
 
@@ -98,6 +98,7 @@ Decisions:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -105,6 +106,7 @@ import statistics
 import sys
 import time
 import warnings
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -157,6 +159,7 @@ def flow_overrides(root: str | Path, steps: int, eval_every: int, overrides: Seq
 def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides: Sequence[str]):
     """Everything that can be refused, refused before any work: returns (resolved config of
     our side, eval_every). Raises BenchmarkError (or ConfigError, also a ValueError)."""
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.resume import resolve_config
 
     if not isinstance(steps, int) or steps < 1:
@@ -175,8 +178,7 @@ def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides
     spec = importlib.util.find_spec("trl")
     if spec is None:
         raise BenchmarkError(f"TRL is not installed; {INSTALL_HINT}")
-    from importlib.metadata import version
-
+    # start-up cost: only when the TRL version is checked
     from packaging.version import Version
 
     if Version(version("trl")) < Version("1.0"):
@@ -200,6 +202,7 @@ def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides
         problems.append(f"generator.backend={cfg.generator.backend}: TRL generates with transformers here")
     if problems:
         raise BenchmarkError("this configuration has no TRL counterpart:\n  - " + "\n  - ".join(problems))
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.runs import ensure_writable
 
     ensure_writable(root)  # PermissionError with the fix
@@ -213,9 +216,11 @@ def _history(client, run_id: str, key: str) -> dict[int, float]:
 
 def run_ours(overrides: list[str], steps: int) -> dict[str, Any]:
     """Run the flow with `overrides`, then read its ledger back from MLflow."""
+    # start-up cost: torch/transformers, only on this path
     import torch
     from mlflow.tracking import MlflowClient
 
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.train import train
 
     start = time.perf_counter()
@@ -256,8 +261,7 @@ def _diffs(cumulative: list[float]) -> list[float]:
 # ------------------------------------------------------------------ TRL's side
 def trl_config_kwargs(cfg, steps: int, output_dir: str | Path) -> dict[str, Any]:
     """GRPOConfig arguments that mirror our resolved configuration (module docstring)."""
-    import dataclasses
-
+    # optional dependency: trl (the dev extra)
     from trl import GRPOConfig
 
     loop, gen, algo = cfg.loop, cfg.generator, cfg.algo
@@ -284,24 +288,27 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str | Path) -> dict[str, Any]
 
 def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """TRL's GRPOTrainer on the flow's warm-started policy; see the module docstring."""
+    # start-up cost: torch/transformers, only on this path
     import torch
     from datasets import Dataset
     from omegaconf import OmegaConf
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.evaluation import evaluate_greedy
     from replay_pipeline.generation import TransformersGenerator
-    from replay_pipeline.models.loading import load_policy
+    from replay_pipeline.models.policy import load_policy
     from replay_pipeline.runs import RunPaths
+    from replay_pipeline.config import TASK_DEFAULTS
     from replay_pipeline.tasks import task_from_config
     from replay_pipeline.tasks.base import Prompt
-    from replay_pipeline.trainer import step_prompts
+    from replay_pipeline.run.batches import step_prompts
 
     start = time.perf_counter()
     if cfg.model.torch_threads:
         torch.set_num_threads(cfg.model.torch_threads)
-    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
+    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
     paths = RunPaths.make(cfg.tracking.root_dir, "trl-compare")  # only its cache/ is used
     model, tokenizer, _ = load_policy(cfg, task, paths, log=log)
     heldout = list(task.heldout_prompts())
@@ -398,8 +405,6 @@ def _plain(value: Any) -> Any:
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(package)
     except PackageNotFoundError:
@@ -466,9 +471,11 @@ def report(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    # start-up cost: matplotlib, only when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # start-up cost: matplotlib, only when a plot is drawn
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -495,14 +502,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def run_benchmark(steps: int, root: str | Path, eval_every: int | None = None,
                   overrides: Sequence[str] = (), log: Callable[[str], Any] = print) -> dict[str, Any]:
     """Run both sides and write the outputs; returns the result (also in the JSON file)."""
+    # start-up cost: torch/transformers, only on this path
     import torch
 
     overrides = list(overrides)
     _prefect_home(root)
     cfg, eval_every = check_inputs(steps, root, eval_every, overrides)
 
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.runs import RunPaths, new_run_id
-    from replay_pipeline.trainer import artifact_location
+    from replay_pipeline.runs import artifact_location
     from replay_pipeline.tracking import MlflowTracker
 
     stamp = new_run_id()
@@ -584,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sides, e.g. algo.lr=6e-5")
     args = parser.parse_args(argv)
     _prefect_home(args.root)
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.config import ConfigError
 
     try:

@@ -38,6 +38,8 @@ from typing import Callable
 
 import numpy as np
 
+from replay_pipeline.bounds import Bound
+
 
 @dataclass(frozen=True)
 class WindowInfo:
@@ -99,31 +101,22 @@ class SamplingRules:
     """`prioritized`: keeps zero-advantage rows (groups with equal rewards) drawable, rarely."""
 
     def __post_init__(self) -> None:
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(message)
+        for name, bound in RULE_BOUNDS.items():
+            bound.check(name, getattr(self, name))
 
-        need(self.reuse_cap is None or (_is_int(self.reuse_cap) and self.reuse_cap >= 1),
-             f"reuse_cap={self.reuse_cap!r} must be an integer >= 1 (0 would never use a rollout), "
-             "or None for no cap")
-        need(self.max_staleness is None or (_is_int(self.max_staleness) and self.max_staleness >= 0),
-             f"max_staleness={self.max_staleness!r} must be an integer >= 0 (0: only rollouts of the "
-             "current policy), or None for no bound")
-        need(_is_real(self.recency_half_life) and 0 < self.recency_half_life < math.inf,
-             f"recency_half_life={self.recency_half_life!r} must be a finite number > 0")
-        need(_is_real(self.priority_alpha) and 0 <= self.priority_alpha < math.inf,
-             f"priority_alpha={self.priority_alpha!r} must be a finite number >= 0 (0: uniform)")
-        need(_is_real(self.priority_eps) and 0 < self.priority_eps < math.inf,
-             f"priority_eps={self.priority_eps!r} must be a finite number > 0, so that rows with "
-             "zero advantage keep a (small) chance")
+
+#: Each rule's bound, stated once: buffer.* configuration fields of the same name refer to these.
+RULE_BOUNDS = {
+    "reuse_cap": Bound(ge=1, integer=True, null="for no cap", hint="0 would never use a rollout"),
+    "max_staleness": Bound(ge=0, integer=True, null="for no bound", hint="0: only rollouts of the current policy"),
+    "recency_half_life": Bound(gt=0, finite=True),
+    "priority_alpha": Bound(ge=0, finite=True, hint="0: uniform"),
+    "priority_eps": Bound(gt=0, finite=True, hint="so that rows with zero advantage keep a (small) chance"),
+}
 
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def _is_real(x) -> bool:
-    return _is_int(x) or (isinstance(x, (float, np.floating)) and not math.isnan(x))
 
 
 # A strategy: (window, budget, batch_size, updates, rng, rules) -> `updates` index arrays.

@@ -5,8 +5,9 @@ version)` and releases what it holds with `close()` (idempotent; the run, the as
 processes and flows.evaluate call it when they end); the transformers backend runs anywhere
 torch runs, on its model's device, the vLLM backend (`replay_pipeline.generation.vllm_backend`,
 `generator.backend=vllm`) on a CUDA GPU with the `vllm` extra. `build_generator` picks one by
-`generator.backend`; `generator_from_pretrained` does the same for a process that starts from
-a checkpoint directory. vllm is imported only inside the vLLM backend, when an engine is
+`generator.backend` (replay_pipeline.models.loading.generator_from_pretrained does the same for
+a process that starts from a checkpoint directory). The package imports nothing of the models:
+it is the floor below them. vllm is imported only inside the vLLM backend, when an engine is
 built: this package imports without it.
 """
 
@@ -44,27 +45,12 @@ def build_generator(gen_cfg: Any, model, tokenizer, *, checkpoint_dir: str | Pat
         if checkpoint_dir is None:
             raise ValueError("generator.backend=vllm builds its engine from a Hugging Face checkpoint directory "
                              "(config.json + weights); none was given")
+        # start-up cost: kept off the transformers path (the module itself never imports vllm
+        # at load time; VLLMGenerator imports it when an engine is built)
         from replay_pipeline.generation.vllm_backend import VLLMGenerator
 
         return VLLMGenerator.from_pretrained(str(checkpoint_dir), tokenizer, gen_cfg)
     raise ValueError(f"generator.backend={backend!r} is not one of {list(GENERATOR_BACKENDS)}")
 
 
-def generator_from_pretrained(gen_cfg: Any, path: str | Path, device, *,
-                              checkpoint_dir: str | Path | None = None):
-    """A generator for a process that only samples (an async generator process,
-    flows.evaluate), built by `build_generator` from the Hugging Face directory `path`:
-    `transformers` loads the model from `path` onto `device` and samples with it in place
-    (copy_model=False); `vllm` reads only the tokenizer from `path` (no model copy in this
-    process) and builds its engine from `checkpoint_dir` (default: `path`)."""
-    from replay_pipeline.models.loading import load_pretrained, load_tokenizer
-
-    if str(gen_cfg.backend) == "vllm":  # the engine loads the weights itself
-        model, tokenizer = None, load_tokenizer(path)
-    else:
-        model, tokenizer = load_pretrained(path)
-        model.to(device)
-    return build_generator(gen_cfg, model, tokenizer, checkpoint_dir=checkpoint_dir or path, copy_model=False)
-
-
-__all__ = ["GENERATOR_BACKENDS", "Sample", "TransformersGenerator", "build_generator", "generator_from_pretrained"]
+__all__ = ["GENERATOR_BACKENDS", "Sample", "TransformersGenerator", "build_generator"]

@@ -104,6 +104,7 @@ import numpy as np
 import torch
 
 from replay_pipeline.generation.base import Sample, call_settings, check_positions
+from replay_pipeline.learner import collate
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +194,7 @@ def _load_weights_into(weights: list[tuple[str, torch.Tensor]], model) -> list[s
 
 
 def _max_positions(path: str, max_model_len: int | None) -> int | None:
+    # start-up cost: torch/transformers, only on this path
     from transformers import AutoConfig
 
     limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
@@ -204,6 +206,7 @@ def _max_positions(path: str, max_model_len: int | None) -> int | None:
 def _load_scorer(path: str, device: torch.device):
     """The teacher-forced re-scorer: the checkpoint loaded as the learner loads it
     (replay_pipeline.models.loading.load_pretrained: AutoModelForCausalLM.from_pretrained)."""
+    # start-up cost: torch/transformers, only on this path
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
@@ -257,6 +260,7 @@ class VLLMGenerator:
                         "sends it a function (LLM.apply_model), which vLLM accepts only with "
                         "VLLM_ALLOW_INSECURE_SERIALIZATION=1", os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"])
         try:
+            # optional dependency: vllm (the vllm extra)
             import vllm
         except Exception as exc:  # a broken install: say so, with the fix
             raise RuntimeError(f"generator.backend=vllm: import vllm failed ({type(exc).__name__}: {exc}). "
@@ -393,8 +397,6 @@ class VLLMGenerator:
     def _rescore(self, samples: list[Sample], temperature: float) -> None:
         """Replace each sample's log-probs by log_softmax(logits / temperature) of its tokens
         under the scorer (the learner's computation: right-padded prompt + completion)."""
-        from replay_pipeline.learner import collate
-
         rows = [s for s in samples if s.completion_ids]
         if not rows:
             return

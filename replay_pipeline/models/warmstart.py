@@ -39,6 +39,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from replay_pipeline.evaluation import evaluate_greedy
+from replay_pipeline.generation import TransformersGenerator
+from replay_pipeline.models.loading import load_pretrained
 from replay_pipeline.models.tiny import DEFAULT_CHARS, build_tiny_model, build_tokenizer
 from replay_pipeline.tasks.base import Prompt, Task
 
@@ -150,8 +153,6 @@ def greedy_accuracy(
     The same evaluation as the training loop's (replay_pipeline.evaluation), on a copy of
     `model` (the caller's weights, mode and gradients are left alone).
     """
-    from replay_pipeline.evaluation import evaluate_greedy
-    from replay_pipeline.generation import TransformersGenerator
 
     if not prompts:
         raise ValueError("prompts is empty; greedy accuracy needs at least one prompt")
@@ -168,7 +169,6 @@ def completion_budget(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prom
 def load_warm_start(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer of a warm-start checkpoint directory (it is a Hugging Face
     checkpoint directory, loaded like any other)."""
-    from replay_pipeline.models.loading import load_pretrained
 
     return load_pretrained(path)
 

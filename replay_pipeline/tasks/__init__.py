@@ -9,7 +9,6 @@ silently ignored.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -21,17 +20,17 @@ from replay_pipeline.tasks.math import MathTask
 TASKS: dict[str, type] = {"addition": AdditionTask, "math": MathTask}
 
 
-def task_from_config(task_cfg: Mapping[str, Any]) -> Task:
+def task_from_config(task_cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> Task:
     """The task a config's `task` section describes: `name` picks it, the rest are its
-    constructor arguments (other tasks' fields at their defaults are left out)."""
+    constructor arguments (other tasks' fields at their `defaults`, the section's defaults
+    (replay_pipeline.config.TASK_DEFAULTS), are left out)."""
     fields = dict(task_cfg)
     name = fields.pop("name")
-    unused = unused_task_fields(name, fields)
+    unused = unused_task_fields(name, fields, defaults)
     if unused:
         raise ValueError(f"task {name!r} does not use {', '.join(f'task.{k}' for k in unused)}; "
                          "drop those overrides, or pick the task that uses them")
     accepted = constructor_args(name)
-    defaults = _task_config_defaults()
     return make_task(name, **{k: v for k, v in fields.items() if k in accepted or k not in defaults})
 
 
@@ -50,20 +49,16 @@ def constructor_args(name: str) -> set[str]:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-def unused_task_fields(name: str, fields: Mapping[str, Any]) -> list[str]:
-    """TaskConfig fields in `fields` that task `name` does not take but that differ from their
-    defaults (so the user set them for nothing). Unknown tasks: none (reported elsewhere)."""
+def unused_task_fields(name: str, fields: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """Fields of the config's task section (`fields`) that task `name` does not take but that
+    differ from their `defaults` (so the user set them for nothing). Unknown tasks: none
+    (reported elsewhere). The configuration passes its own defaults: this package knows no
+    configuration."""
     if name not in TASKS:
         return []
-    accepted, defaults = constructor_args(name), _task_config_defaults()
+    accepted = constructor_args(name)
     return sorted(k for k, v in fields.items()
                   if k != "name" and k in defaults and k not in accepted and v != defaults[k])
-
-
-def _task_config_defaults() -> dict[str, Any]:
-    from replay_pipeline.config import TaskConfig  # late: config imports this package lazily too
-
-    return {f.name: f.default for f in dataclasses.fields(TaskConfig)}
 
 
 __all__ = ["TASKS", "AdditionTask", "MathTask", "Prompt", "Task", "constructor_args", "make_task",

@@ -564,6 +564,7 @@ def _sympy() -> Any:
     global _SYMPY
     if _SYMPY is None:
         try:
+            # optional dependency: sympy, only for symbolic answers
             import sympy
 
             _SYMPY = sympy

@@ -282,6 +282,7 @@ def _read_file(p: Path, key: str) -> list[dict]:
                 raise ValueError(f"{p} must hold a list of JSON objects (one per problem)")
             return data
         if suffix == ".parquet":
+            # start-up cost: pyarrow, only for this file format
             import pyarrow.parquet as pq
 
             return pq.read_table(p).to_pylist()
@@ -314,6 +315,7 @@ def _read_json_lines(text: str, p: Path) -> list[dict]:
 
 def _read_arrow(p: Path) -> list[dict]:
     """An Arrow file as datasets writes them (IPC stream; IPC file format also accepted)."""
+    # start-up cost: pyarrow, only for this file format
     import pyarrow as pa
 
     try:
@@ -325,6 +327,7 @@ def _read_arrow(p: Path) -> list[dict]:
 
 
 def _read_saved_dataset(p: Path, split: str, key: str) -> list[dict]:
+    # optional dependency: datasets (only for datasets directories; comes with trl)
     import datasets
 
     try:

@@ -11,14 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
 from tests.conftest import ROOT, TINY_OVERRIDES
 
-pytestmark = pytest.mark.slow
 
 B, K, R = 16, 2, 16  # minibatch, updates per round, rollouts per generator batch (TINY_OVERRIDES)
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from replay_pipeline.async_loop import AsyncDir, Heartbeat, check_dask_scheduler, generator_worker
+from replay_pipeline.run.files import AsyncDir, Heartbeat
+from replay_pipeline.run.workers import generator_worker
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.config import ConfigError, load_config
 from tests.conftest import ROOT, TINY_OVERRIDES
 
 distributed = pytest.importorskip("distributed", reason="loop.engine=dask needs pip install 'dask[distributed]'")
@@ -188,7 +188,6 @@ def worker_processes(client) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------ tests
-@pytest.mark.slow
 def test_two_generators_on_a_local_cluster_the_flow_starts_and_closes(root):
     proc = start(root, "dask-local", STEPS, "loop.workers=2")
     out = finish(proc)
@@ -205,7 +204,6 @@ def test_two_generators_on_a_local_cluster_the_flow_starts_and_closes(root):
     assert_no_leftovers(proc.pid)  # the cluster's scheduler and worker processes (in its session) are gone
 
 
-@pytest.mark.slow
 def test_an_existing_scheduler_and_a_generator_whose_learner_stopped_beating(root, cluster):
     address, client, _ = cluster
     workers = worker_processes(client)
@@ -266,7 +264,6 @@ def _saved_config(run_dir: Path) -> dict:
     return cfg
 
 
-@pytest.mark.slow
 def test_a_generator_killed_mid_run_fails_the_flow_with_its_error(root, cluster):
     address, client, _ = cluster
     worker_processes(client)
@@ -288,7 +285,6 @@ def test_a_generator_killed_mid_run_fails_the_flow_with_its_error(root, cluster)
     assert_no_leftovers(proc.pid)
 
 
-@pytest.mark.slow
 def test_an_unreachable_scheduler_fails_the_command_before_any_work(tmp_path):
     address = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")}
@@ -298,35 +294,3 @@ def test_an_unreachable_scheduler_fails_the_command_before_any_work(tmp_path):
     assert f"loop.dask_address={address}: cannot connect" in proc.stderr
     assert "dask scheduler" in proc.stderr and "dask worker" in proc.stderr  # says how to fix it
     assert not (tmp_path / "dask-none").exists() and not (tmp_path / "mlflow.db").exists()
-
-
-def test_a_listener_that_is_not_a_dask_scheduler_is_refused():
-    with socket.socket() as server:  # accepts the TCP connection, never speaks Dask
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
-        with pytest.raises(ConfigError, match=r"no Dask scheduler answered within 2 s"):
-            check_dask_scheduler(address, timeout=2.0)
-
-
-@pytest.mark.parametrize("overrides, message", [
-    (["loop=async", "loop.engine=ray"], "loop.engine='ray' is not one of ['local', 'dask']"),
-    (["loop.engine=dask"], "add loop=async"),
-    (["loop=async", "loop.dask_address=tcp://10.0.0.5:8786"], "only used with loop.engine=dask"),
-    (["loop=async", "loop.engine=dask", "loop.dask_address=10.0.0.5"], "is not a Dask scheduler address"),
-    (["loop=async", "loop.heartbeat_timeout=0.5"], "loop.heartbeat_timeout=0.5 must be >= 1 second"),
-])
-def test_engine_settings_are_validated(overrides, message):
-    with pytest.raises(ConfigError) as info:
-        load_config(overrides)
-    assert message in str(info.value)
-
-
-def test_the_dask_engine_without_dask_installed_says_how_to_install_it(monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "distributed" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"pip install 'dask\[distributed\]'"):
-        load_config(["loop=async", "loop.engine=dask"])
-    assert load_config(["loop=async"]).loop.engine == "local"  # the default engine needs no Dask

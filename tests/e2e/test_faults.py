@@ -23,7 +23,6 @@ from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.faults import ENV
 from tests.conftest import ROOT, TINY_OVERRIDES
 
-pytestmark = pytest.mark.slow
 
 STEPS = 7
 PER_STEP = 16

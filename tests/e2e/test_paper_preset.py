@@ -13,13 +13,11 @@ import string
 import subprocess
 import sys
 
-import pytest
 
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
 
 ROWS = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
          "answer": f"{a}+{b} = <<{a}+{b}={a + b}>>{a + b}.\n#### {a + b}"}

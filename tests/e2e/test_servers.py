@@ -20,7 +20,6 @@ import pytest
 from tests.conftest import ROOT, TINY_OVERRIDES
 from tests.servers import LOOPBACK, free_port, log_tail, start_process, stop_process, wait_for_http
 
-pytestmark = pytest.mark.slow
 POOL = "rp-test-pool"
 
 

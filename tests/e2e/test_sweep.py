@@ -14,7 +14,6 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, TINY_OVERRIDES
 
-pytestmark = pytest.mark.slow
 
 
 def test_a_sweep_runs_its_configurations_then_the_learning_rate_stage_then_the_report(tmp_path):

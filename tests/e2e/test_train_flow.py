@@ -4,6 +4,7 @@ LanceDB table, MLflow store and disk."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -18,9 +19,9 @@ from safetensors.torch import load_file
 
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
+from replay_pipeline.runs import RunPaths
 from tests.conftest import ROOT, TINY_OVERRIDES
 
-pytestmark = pytest.mark.slow
 
 STEPS = 3
 ROLLOUTS_PER_STEP = 16  # 4 prompts x 4 completions (TINY_OVERRIDES)
@@ -134,7 +135,10 @@ def test_weights_changed_and_checkpoints_are_kept(finished_run):
     root, _ = finished_run
     ckpts = sorted((root / "e2e-replay" / "checkpoints").glob("step-*"))
     assert [c.name for c in ckpts] == ["step-000003"]  # keep_checkpoints=1
-    (warm,) = (root / "cache").glob("warmstart-*")
+    (summary,) = [json.loads(p.read_text()) for p in (root / "mlartifacts").rglob("summary.json")
+                  if json.loads(p.read_text())["run_id"] == "e2e-replay"]
+    warm = Path(summary["policy"]["path"])  # the cached warm start the run started from
+    assert warm.parent == RunPaths.make(root, "e2e-replay").cache and warm.name.startswith("warmstart-")
     after = load_file(ckpts[0] / "model" / "model.safetensors")
     before = load_file(warm / "model.safetensors")
     changed = [k for k in before if not torch.equal(before[k], after[k])]

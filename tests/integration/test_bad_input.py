@@ -44,7 +44,9 @@ from replay_pipeline.config import load_config
 from replay_pipeline.learner import Learner
 from replay_pipeline.runs import ensure_writable
 from replay_pipeline.tasks.addition import AdditionTask
-from replay_pipeline.trainer import LEARN_COLUMNS, TrainingRun
+from replay_pipeline.run.batches import LEARN_COLUMNS
+from replay_pipeline.run.build import build_run
+from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.tracking import NullTracker
 from tests.conftest import ROOT, TINY_OVERRIDES
 
@@ -63,7 +65,7 @@ def make_run(root, run_id: str, *overrides: str) -> TrainingRun:
     # (prepare-time validation, what they test, is the same with write-behind).
     cfg = load_config([f"tracking.root_dir={root}", *TINY_OVERRIDES, f"run_id={run_id}",
                        "loop.steps=2", "buffer.write_behind=false", *overrides])
-    return TrainingRun.setup(cfg, log=lambda _: None, tracker=NullTracker())
+    return build_run(cfg, log=lambda _: None, tracker=NullTracker())
 
 
 def fitted_policy(run: TrainingRun, completion: str | None, *, steps: int = 30) -> dict:
@@ -95,7 +97,7 @@ def stored(run: TrainingRun, columns=None) -> pa.Table:
 
 
 def learner_for(run: TrainingRun, **kw) -> Learner:
-    """A fresh learner on a copy of the run's policy, as TrainingRun.setup builds it."""
+    """A fresh learner on a copy of the run's policy, as build_run builds it."""
     return Learner(copy.deepcopy(run.learner.model), lr=1e-3, temperature=1.0,
                    pad_id=run.generator.pad_id, **kw)
 
@@ -220,7 +222,7 @@ def empty_run(root):
     table, metrics = run.score(batch)
     assert metrics["generate/tokens"] == 0 and metrics["score/flagged"] == 0
     run.append(table, 0)
-    run.generator.max_new_tokens = run.cfg.generator.max_new_tokens
+    run.generator.max_new_tokens = run.settings.generator.max_new_tokens
     table, _ = run.score(run.generate(1))
     run.append(table, 1)
     return run
@@ -294,7 +296,7 @@ def test_completion_cut_at_max_new_tokens_is_stored_as_length_and_scores_zero(ro
     run = make_run(root, "too-long")
     run.generator.load_weights(fitted_policy(run, "1" * 10), run.policy_version)
     batch = run.generate(0)
-    max_new = run.cfg.generator.max_new_tokens
+    max_new = run.settings.generator.max_new_tokens
     for s in (s for group in batch.samples for s in group):
         assert s.finish_reason == "length" and run.generator.eos_id not in s.completion_ids
         assert len(s.completion_ids) == len(s.logprobs) == max_new and s.text == "1" * max_new
@@ -480,7 +482,7 @@ def test_training_run_setup_writes_nothing_under_an_unwritable_root(tmp_path):
     blocker.write_text("x")
     cfg = load_config([f"tracking.root_dir={blocker / 'runs'}", *TINY_OVERRIDES, "run_id=nope"])
     with pytest.raises(PermissionError, match="tracking.root_dir="):
-        TrainingRun.setup(cfg, log=lambda _: None, tracker=NullTracker())
+        build_run(cfg, log=lambda _: None, tracker=NullTracker())
     assert sorted(tmp_path.iterdir()) == [blocker]
 
 

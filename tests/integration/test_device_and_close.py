@@ -16,8 +16,11 @@ from mlflow.tracking import MlflowClient
 from replay_pipeline.checkpoints import load_optimizer_state
 from replay_pipeline.config import load_config
 from replay_pipeline.generation import TransformersGenerator
-from replay_pipeline.models.loading import load_pretrained, policy_dir
-from replay_pipeline.trainer import TrainingRun
+from replay_pipeline.models.loading import load_pretrained
+from replay_pipeline.models.policy import policy_dir
+from replay_pipeline.run.build import build_run
+from replay_pipeline.run.loop import sync_round
+from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.tracking import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
@@ -69,9 +72,9 @@ def test_a_failed_run_closes_its_generator_too(tmp_path, closed):
 
 def _rounds(root: Path, run_id: str, *overrides: str, steps: int = 2) -> TrainingRun:
     cfg = load_config([f"tracking.root_dir={root}", *FAST, f"run_id={run_id}", f"loop.steps={steps}", *overrides])
-    run = TrainingRun.setup(cfg, log=lambda _: None, tracker=NullTracker())
+    run = build_run(cfg, log=lambda _: None, tracker=NullTracker())
     for step in range(steps):
-        run.round(step)
+        sync_round(run, step)
     run.flush_writes()
     return run
 
@@ -88,7 +91,7 @@ def test_an_explicit_cpu_run_is_the_default_run_bit_for_bit(tmp_path, closed):
                 for r in (default, explicit)]
     assert logprobs[0] == logprobs[1]
     # The directory the policy came from, found again without loading it (flows.evaluate's vLLM fallback).
-    assert policy_dir(default.cfg, default.task, default.paths) == Path(default.policy_info["path"])
+    assert policy_dir(default.settings, default.task, default.paths) == Path(default.policy_info["path"])
     for run in (default, explicit):
         run.finish()
     assert closed == [default.generator, explicit.generator]
@@ -100,7 +103,7 @@ def test_training_on_cuda_writes_checkpoints_that_load_on_the_cpu(tmp_path):
     run = _rounds(tmp_path, "gpu", "model.device=cuda", steps=3)
     assert run.learner.device.type == "cuda" and run.generator.device == run.learner.device
     assert run.generator.shares_weights and run.policy_version == 3
-    assert run.learner.steps == 3 * run.cfg.loop.updates_per_step
+    assert run.learner.steps == 3 * run.settings.loop.updates_per_step
     path = run.checkpoint(3)
     model, _ = load_pretrained(path / "model")
     assert next(model.parameters()).device.type == "cpu"

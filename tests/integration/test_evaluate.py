@@ -82,7 +82,6 @@ def evaluated(tmp_path_factory):
     return root, proc
 
 
-@pytest.mark.slow
 def test_cli_logs_metrics_and_artifact_to_the_runs_mlflow_run(evaluated):
     root, proc = evaluated
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -105,7 +104,6 @@ def test_cli_logs_metrics_and_artifact_to_the_runs_mlflow_run(evaluated):
     assert record["step"] == 2 and record["metrics"]["eval/pass_at_4"] == at_step["eval/pass_at_4"]
 
 
-@pytest.mark.slow
 def test_cli_errors_say_how_to_fix(evaluated, capsys, tmp_path):
     from flows.evaluate import main
 

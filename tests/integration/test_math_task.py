@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay_pipeline.config import ConfigError, load_config
+from replay_pipeline.config import TASK_DEFAULTS, ConfigError, load_config
 from replay_pipeline.tasks import TASKS, AdditionTask, MathTask, Task, task_from_config
 from replay_pipeline.tasks.math import GSM8K_TEMPLATE, MATH_TEMPLATE, prompt_id
 
@@ -388,14 +388,13 @@ def test_presets_compose_with_a_path_and_build_the_task(tmp_path, hf_dir, preset
     cfg = resolve_config([f"task={preset}", f"task.path={data}", "task.heldout_size=4", "task.validation_size=3",
                           "model=hf", f"model.path={hf_dir}"])
     assert cfg.task.name == "math" and cfg.task.format == style and cfg.generator.max_new_tokens == tokens
-    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
+    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
     assert isinstance(task, MathTask) and task.style == style and len(task.heldout_prompts()) == 4
 
 
 @pytest.mark.parametrize(("overrides", "needle"), [
     (["task=gsm8k"], "task.path"),
     (["task=math"], "task.path"),
-    (["task=gsm8k", "task.path=/definitely/not/here.jsonl"], "does not exist"),
     (["task=gsm8k", "task.format=aime"], "task.format"),
     (["task.path=/tmp"], "not used by task.name=addition"),
     (["task.format=math"], "task.format"),
@@ -404,6 +403,16 @@ def test_invalid_math_configuration_says_how_to_fix(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(overrides)
     assert needle in str(err.value)
+
+
+def test_missing_data_is_refused_before_any_work(tmp_path, hf_dir):
+    """Valid as configuration; the pre-flight, which looks at the disk, refuses it."""
+    from replay_pipeline.run.preflight import preflight
+
+    cfg = load_config(["task=gsm8k", "task.path=/definitely/not/here.jsonl", "model=hf", f"model.path={hf_dir}",
+                       f"tracking.root_dir={tmp_path / 'runs'}"])
+    with pytest.raises(ConfigError, match="task.path=/definitely/not/here.jsonl does not exist"):
+        preflight(cfg)
 
 
 def test_math_tasks_need_a_hugging_face_model(tmp_path):
@@ -417,10 +426,10 @@ def test_addition_is_unchanged_by_the_math_fields():
 
     cfg = load_config([])
     assert cfg.task.path is None and cfg.task.format == "auto"
-    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True))
+    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
     assert task == AdditionTask(digits=3, heldout_size=512, validation_size=256, split_seed=1234)
     assert TASKS["addition"] is AdditionTask and TASKS["math"] is MathTask
     with pytest.raises(ValueError, match="task.path"):
-        task_from_config({**OmegaConf.to_container(cfg.task, resolve=True), "path": "/data/x.jsonl"})
+        task_from_config({**OmegaConf.to_container(cfg.task, resolve=True), "path": "/data/x.jsonl"}, TASK_DEFAULTS)
     with pytest.raises(TypeError):  # keys that are no TaskConfig field still reach the constructor
-        task_from_config({"name": "addition", "digitz": 3})
+        task_from_config({"name": "addition", "digitz": 3}, TASK_DEFAULTS)

@@ -193,7 +193,6 @@ def _append_steps(uri: str, options: dict, first_step: int, steps: int) -> None:
         writer.append(make_rows(step, policy_version=step % 100))
 
 
-@pytest.mark.slow
 def test_two_writer_processes_keep_every_row_on_s3(s3):
     bucket = s3.new_bucket()
     uri = f"s3://{bucket}/db"
@@ -225,7 +224,6 @@ def test_two_writer_processes_keep_every_row_on_s3(s3):
 
 
 # ------------------------------------------------------------------ a training run on s3
-@pytest.mark.slow
 def test_training_run_resume_and_query_with_the_buffer_on_s3(s3, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
@@ -282,7 +280,6 @@ def test_training_run_resume_and_query_with_the_buffer_on_s3(s3, tmp_path, capsy
 
 
 # ------------------------------------------------------------------ bad input
-@pytest.mark.slow  # importing flows.train (Prefect, torch) alone takes ~10 s here
 def test_training_cli_refuses_a_missing_bucket_before_any_work(s3, tmp_path, capsys):
     from flows.train import main as train_main
 
@@ -296,13 +293,15 @@ def test_training_cli_refuses_a_missing_bucket_before_any_work(s3, tmp_path, cap
     assert not (root / "never").exists() and not (root / "mlflow.db").exists()
 
 
-def test_unreachable_store_errors_say_what_to_set(s3, capsys):
+def test_unreachable_store_errors_say_what_to_set(s3, capsys, tmp_path):
+    from replay_pipeline.run.preflight import preflight
+
     bucket = s3.new_bucket()
-    base = [*TINY_OVERRIDES, f"buffer.uri=s3://{bucket}/db"]
-    # Nothing listens at the endpoint: refused while the configuration is checked.
+    base = [*TINY_OVERRIDES, f"buffer.uri=s3://{bucket}/db", f"tracking.root_dir={tmp_path}"]
+    # Nothing listens at the endpoint: refused by the pre-flight, before any work.
     dead = f"http://{LOOPBACK}:{free_port()}"
     with pytest.raises(ConfigError, match=f"nothing answered at endpoint {dead}.*aws_endpoint / AWS_ENDPOINT_URL"):
-        load_config([*base, hydra_options(s3).replace(s3.endpoint, dead)])
+        preflight(load_config([*base, hydra_options(s3).replace(s3.endpoint, dead)]))
     # Lance's DynamoDB commit store would be bypassed by the buffer's appends: refused, offline.
     with pytest.raises(ConfigError, match=r"s3\+ddb://\) is not supported"):
         load_config([*TINY_OVERRIDES, f"buffer.uri='s3+ddb://{bucket}/db?ddbTableName=t'"])

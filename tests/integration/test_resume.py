@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from replay_pipeline import checkpoints
-from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.checkpoints import CheckpointError
 from replay_pipeline.config import ConfigError
 from replay_pipeline.resume import resolve_config
-from replay_pipeline.trainer import TrainingRun
-from replay_pipeline.tracking import MlflowTracker
+from replay_pipeline.run.build import build_run
+from replay_pipeline.run.phases import TrainingRun
 from tests.conftest import TINY_OVERRIDES
 
 STEPS = 6
@@ -39,7 +37,7 @@ def drive(run: TrainingRun, stop_after_append: int | None = None) -> dict[int, d
     """The flow's loop without Prefect: returns the metrics of each step run. With
     `stop_after_append=s`, returns right after step s's append (a crash there)."""
     out = {}
-    for step in range(run.start_step, run.cfg.loop.steps):
+    for step in range(run.start_step, run.settings.loop.steps):
         table, m = run.score(run.generate(step))
         m |= run.append(table, step)
         if step == stop_after_append:
@@ -48,13 +46,13 @@ def drive(run: TrainingRun, stop_after_append: int | None = None) -> dict[int, d
         m |= bm | run.learn(minibatches, step)
         out[step] = m
         done = step + 1
-        if done % run.cfg.loop.checkpoint_every == 0 or done == run.cfg.loop.steps:
+        if done % run.settings.loop.checkpoint_every == 0 or done == run.settings.loop.steps:
             run.checkpoint(done)
     return out
 
 
 def setup(root, *extra) -> TrainingRun:
-    return TrainingRun.setup(resolve_config(overrides(root, *extra)), log=lambda _: None)
+    return build_run(resolve_config(overrides(root, *extra)), log=lambda _: None)
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +186,7 @@ def test_resume_refuses_an_edited_config(tmp_path, reference):
     path = root / "edited" / "config.yaml"
     path.write_text(path.read_text().replace("kl_coef: 0.01", "kl_coef: 0.02"))
     with pytest.raises(CheckpointError, match="different configuration"):  # only `resume=` given
-        TrainingRun.setup(resolve_config([f"tracking.root_dir={root}", "resume=edited"]), log=lambda _: None)
+        build_run(resolve_config([f"tracking.root_dir={root}", "resume=edited"]), log=lambda _: None)
 
 
 def test_fork_shares_the_buffer_and_leaves_the_source_alone(reference):

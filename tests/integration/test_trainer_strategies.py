@@ -8,7 +8,7 @@ import pytest
 
 from replay_pipeline.analysis import reuse_histogram
 from replay_pipeline.config import load_config
-from replay_pipeline.trainer import TrainingRun
+from replay_pipeline.run.build import build_run
 from replay_pipeline.tracking import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
@@ -23,7 +23,7 @@ def root(tmp_path_factory):
 def run_steps(root, run_id, *overrides, steps=STEPS):
     cfg = load_config([f"tracking.root_dir={root}", *TINY_OVERRIDES, f"run_id={run_id}",
                        f"loop.steps={steps}", *overrides])
-    run = TrainingRun.setup(cfg, log=lambda _: None, tracker=NullTracker())
+    run = build_run(cfg, log=lambda _: None, tracker=NullTracker())
     metrics = []
     for step in range(steps):
         table, m = run.score(run.generate(step))

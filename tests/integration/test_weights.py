@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from replay_pipeline.async_loop import AsyncDir
+from replay_pipeline.run.files import AsyncDir
 from replay_pipeline.weights import WeightFollower, WeightStore
 
 

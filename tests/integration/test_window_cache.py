@@ -9,7 +9,6 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -17,10 +16,11 @@ import torch
 from replay_pipeline.buffer import RolloutStore, UsageStore
 from replay_pipeline.buffer.usage import USAGE_SCHEMA
 from replay_pipeline.buffer.cache import WindowCache
-from replay_pipeline.buffer.schema import rows_to_table
 from replay_pipeline.buffer.store import META_COLUMNS
 from replay_pipeline.config import load_config
-from replay_pipeline.trainer import LEARN_COLUMNS, TrainingRun
+from replay_pipeline.run.batches import LEARN_COLUMNS
+from replay_pipeline.run.build import build_run
+from replay_pipeline.run.loop import sync_round
 from replay_pipeline.tracking import NullTracker
 from tests.conftest import TINY_OVERRIDES
 from tests.integration.test_store import make_rows
@@ -29,10 +29,10 @@ from tests.integration.test_store import make_rows
 def run_steps(root, run_id, steps, *overrides):
     cfg = load_config([f"tracking.root_dir={root}", *TINY_OVERRIDES, f"run_id={run_id}",
                        f"loop.steps={steps}", "buffer.compact_every=3", *overrides])
-    run = TrainingRun.setup(cfg, log=lambda _: None, tracker=NullTracker())
+    run = build_run(cfg, log=lambda _: None, tracker=NullTracker())
     history = []
     for step in range(steps):
-        m = run.round(step)
+        m = sync_round(run, step)
         history.append({k: v for k, v in m.items() if "second" not in k})  # timings differ
     run.flush_writes()  # the tables are read below
     return run, history

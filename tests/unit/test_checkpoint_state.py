@@ -4,7 +4,11 @@ damage, crash points are inert unless asked for."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from replay_pipeline import checkpoints, faults
 from replay_pipeline.checkpoints import CheckpointError
 from replay_pipeline.resume import RESUMABLE, config_hash
 from replay_pipeline.config import flatten, load_config
+from tests.conftest import ROOT
 
 
 def test_rng_states_round_trip_through_json():
@@ -80,12 +85,27 @@ def test_a_killed_write_leaves_no_checkpoint_only_a_temporary_directory(tmp_path
     assert not list(tmp_path.glob(".tmp-*"))
 
 
-def test_crash_point_is_inert_unless_named(monkeypatch):
-    monkeypatch.delenv(faults.ENV, raising=False)
-    faults.crash_point("generate", 1)
-    monkeypatch.setenv(faults.ENV, "generate:2")
-    faults.crash_point("generate", 1)
-    faults.crash_point("after_append", 2)
+def _crash_points(spec: str | None, *calls: tuple[str, int]) -> subprocess.CompletedProcess:
+    """Call faults.crash_point(*call) for each call in a child process with the crash spec set
+    (or unset): a crash kills the child, never pytest, so the test can fail and say so."""
+    env = {k: v for k, v in os.environ.items() if k != faults.ENV} | ({faults.ENV: spec} if spec else {})
+    code = ("import sys; from replay_pipeline import faults\n"
+            f"for point, step in {list(calls)!r}:\n"
+            "    faults.crash_point(point, step)\n"
+            "print('survived', flush=True)")
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_crash_point_is_inert_unless_named():
+    for spec in (None, "generate:2"):
+        done = _crash_points(spec, ("generate", 1), ("after_append", 2))
+        assert done.returncode == 0 and done.stdout.strip() == "survived", (spec, done.returncode, done.stderr)
+
+
+def test_a_named_crash_point_kills_with_sigkill():
+    done = _crash_points("after_append:2", ("generate", 2), ("after_append", 2), ("after_append", 3))
+    assert done.returncode == -signal.SIGKILL and "survived" not in done.stdout
 
 
 def test_config_hash_ignores_only_what_a_resume_may_change():

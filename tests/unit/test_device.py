@@ -47,9 +47,12 @@ def test_an_unknown_device_is_refused_with_the_fix(name):
 
 
 @pytest.mark.parametrize("name", ["cuda", "cuda:0"])
-def test_cuda_without_cuda_is_refused_saying_how_to_fix(no_cuda, name):
+def test_cuda_without_cuda_is_refused_saying_how_to_fix(no_cuda, name, tmp_path):
+    from replay_pipeline.run.preflight import preflight
+
+    cfg = load_config([f"model.device={name}", f"tracking.root_dir={tmp_path}"])  # valid: the probe is pre-flight's
     with pytest.raises(ConfigError) as err:
-        load_config([f"model.device={name}"])
+        preflight(cfg)
     text = str(err.value)
     assert f"model.device={name} asks for a CUDA GPU" in text and "torch.cuda.is_available() is False" in text
     assert "set model.device=cpu" in text

@@ -1,4 +1,5 @@
-"""flows.train.segments: which rounds share one Prefect task."""
+"""replay_pipeline.run.loop.segments: which rounds share one unit (one Prefect task in the flow);
+pure logic, tested without Prefect."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flows.train import _extras_due, segments
+from replay_pipeline.run.loop import extras_due, segments
 
 
 def loop(steps, rounds_per_task=10, eval_every=0, passk_every=0, checkpoint_every=0):
@@ -37,5 +38,5 @@ def test_segments_cover_every_round_once_and_end_at_every_extra():
         assert [s for first, last in got for s in range(first, last + 1)] == list(range(start, cfg.steps))
         assert all(last - first + 1 <= cfg.rounds_per_task for first, last in got)
         ends = {last + 1 for _, last in got}
-        due = {done for done in range(start + 1, cfg.steps + 1) if any(_extras_due(cfg, done))}
+        due = {done for done in range(start + 1, cfg.steps + 1) if any(extras_due(cfg, done))}
         assert due <= ends  # an evaluation or checkpoint never falls inside a task

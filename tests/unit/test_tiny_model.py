@@ -9,13 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from replay_pipeline.models import (
-    build_tiny_model,
-    build_tokenizer,
-    greedy_accuracy,
-    load_warm_start,
-    warm_start,
-)
+from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
+from replay_pipeline.models.warmstart import greedy_accuracy, load_warm_start, warm_start
 from replay_pipeline.tasks import AdditionTask, Prompt
 
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

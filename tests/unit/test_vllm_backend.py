@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from replay_pipeline.config import VLLM_ONLY_FIELDS, ConfigError, GeneratorConfig, load_config
-from replay_pipeline.generation import (GENERATOR_BACKENDS, TransformersGenerator, build_generator,
-                                        generator_from_pretrained)
+from replay_pipeline.generation import GENERATOR_BACKENDS, TransformersGenerator, build_generator
+from replay_pipeline.models.loading import generator_from_pretrained
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.generation.vllm_backend import (LOGPROBS_MODE, VLLM_INSTALL, VLLMGenerator,
                                                      engine_settings, request_seeds, vllm_unavailable)
@@ -65,17 +65,19 @@ def checkpoint(tmp_path_factory, tok) -> Path:
 
 def test_the_package_never_imports_vllm(tmp_path):
     """A `vllm` that raises when imported sits first on the path: the package, the backend
-    module, the config (with generator=vllm validated) and the trainer import without it."""
+    module, the config (with generator=vllm validated and pre-flighted) and the run's modules
+    import without it."""
     poisoned = tmp_path / "vllm"
     poisoned.mkdir()
     (poisoned / "__init__.py").write_text("raise RuntimeError('vllm was imported')\n")
     code = textwrap.dedent("""
         import sys
         import replay_pipeline.generation, replay_pipeline.generation.vllm_backend
-        import replay_pipeline.trainer
+        import replay_pipeline.run.build, replay_pipeline.run.loop
         from replay_pipeline.config import ConfigError, load_config
+        from replay_pipeline.run.preflight import preflight
         try:
-            load_config(["generator=vllm"])
+            preflight(load_config(["generator=vllm"]))
         except ConfigError:
             pass
         assert "vllm" not in sys.modules, "vllm was imported"
@@ -96,9 +98,11 @@ def test_defaults_leave_the_transformers_backend_unchanged():
 
 
 @needs_no_vllm
-def test_generator_vllm_is_refused_here_with_the_install_message():
+def test_generator_vllm_is_refused_here_with_the_install_message(tmp_path):
+    from replay_pipeline.run.preflight import preflight
+
     with pytest.raises(ConfigError) as err:
-        load_config(["generator=vllm"])
+        preflight(load_config(["generator=vllm", f"tracking.root_dir={tmp_path}"]))
     text = str(err.value)
     assert "generator.backend=vllm cannot run here" in text
     assert "pip install -e '.[vllm]'" in text and "vLLM 0.33 pins torch 2.14" in text
@@ -204,9 +208,12 @@ def test_qwen3_presets_use_vllm(available, checkpoint, preset):
 
 
 @needs_no_vllm
-def test_qwen3_preset_with_vllm_is_refused_here(checkpoint):
+def test_qwen3_preset_with_vllm_is_refused_here(checkpoint, tmp_path):
+    from replay_pipeline.run.preflight import preflight
+
     with pytest.raises(ConfigError) as err:
-        resolve_config(["experiment=qwen3_0p6b", f"model.path={checkpoint}"])
+        preflight(resolve_config(["experiment=qwen3_0p6b", f"model.path={checkpoint}",
+                                  f"tracking.root_dir={tmp_path}"]))
     assert "pip install -e '.[vllm]'" in str(err.value)
 
 
@@ -281,10 +288,10 @@ def test_an_async_generator_or_evaluation_with_vllm_here_says_how_to_install(che
     assert "pip install -e '.[vllm]'" in str(err.value)
 
 
-def test_the_trainer_builds_by_backend_and_shares_only_when_possible(monkeypatch, tmp_path, tok, checkpoint):
-    """TrainingRun.setup asks build_generator (with the checkpoint the policy came from) and
-    calls share_weights only on a generator that has it."""
-    from replay_pipeline import trainer
+def test_the_run_builds_by_backend_and_shares_only_when_possible(monkeypatch, tmp_path, tok, checkpoint):
+    """build_run asks build_generator (with the checkpoint the policy came from) and calls
+    share_weights only on a generator that has it."""
+    from replay_pipeline.run import build as trainer
     from replay_pipeline.tracking import NullTracker
 
     model = build_tiny_model(tok, **TINY)
@@ -305,7 +312,7 @@ def test_the_trainer_builds_by_backend_and_shares_only_when_possible(monkeypatch
     monkeypatch.setattr(trainer, "build_generator", fake_build)
     cfg = load_config([f"tracking.root_dir={tmp_path}", "tracking.progress=false", "task.digits=1",
                        "task.heldout_size=20", "task.validation_size=20", "run_id=wiring"])
-    run = trainer.TrainingRun.setup(cfg, log=lambda *_: None, tracker=NullTracker())
+    run = trainer.build_run(cfg, log=lambda *_: None, tracker=NullTracker())
     assert isinstance(run.generator, EngineLike)
     assert seen == {"backend": "transformers", "model": model, "checkpoint_dir": str(checkpoint)}
 

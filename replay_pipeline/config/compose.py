@@ -1,0 +1,78 @@
+"""Composing a configuration: Hydra merges the conf/ presets and the command line's overrides
+onto the schema (replay_pipeline/config/schema.py), then `validate` checks it
+(replay_pipeline/config/rules.py). Plus the two plain forms a configuration is written in:
+`flatten` (MLflow params) and `to_dataclass`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from replay_pipeline.config.rules import validate
+from replay_pipeline.config.schema import CONF_DIR, Config, ConfigError
+
+
+def register_configs() -> None:
+    """Register the dataclasses as the schema that conf/config.yaml builds on, and the
+    `rp.mul` resolver that presets use to size things from the batch (`${rp.mul:a,b}`)."""
+    node = OmegaConf.structured(Config)
+    # Free-form keys (Lance's own option names): `buffer.storage_options={k:v,...}` and
+    # `buffer.storage_options.k=v` must not need Hydra's `+`; every other key stays strict.
+    OmegaConf.set_struct(node.buffer.storage_options, False)
+    ConfigStore.instance().store(name="base_config", node=node)
+    if not OmegaConf.has_resolver("rp.mul"):
+        OmegaConf.register_new_resolver("rp.mul", lambda a, b: int(a) * int(b))
+
+
+def load_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose conf/ with Hydra overrides and validate; raise ConfigError on any problem."""
+    register_configs()
+    overrides = list(overrides or [])
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_explain_composition_error(exc, overrides)) from exc
+    validate(cfg)
+    return cfg
+
+
+def _explain_composition_error(exc: Exception, overrides: list[str]) -> str:
+    text = str(exc).strip()
+    hint = (
+        "Run `python -m flows.train --help` for the config groups and their options, or "
+        "`python -m flows.train --cfg` to print every key with its value."
+    )
+    if "Could not override" in text or "not in struct" in text or "Key '" in text:
+        hint = (
+            "Check the key's spelling; keys are listed by `python -m flows.train --cfg`. "
+            "To add a key that does not exist, Hydra needs `+key=value`, but unknown keys "
+            "are rejected by the schema in replay_pipeline/config.py."
+        )
+    elif "Could not find" in text or "In 'config'" in text:
+        hint = "Pick one of the options listed above (files under conf/<group>/)."
+    return f"Invalid configuration (overrides: {overrides or 'none'}):\n{text}\n{hint}"
+
+
+def to_dataclass(cfg: DictConfig) -> Config:
+    """A typed Config from a composed DictConfig (for code that wants attribute types)."""
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def flatten(cfg: DictConfig | dict, prefix: str = "") -> dict[str, Any]:
+    """{"algo.lr": 3e-5, ...}: the form MLflow params take."""
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    out: dict[str, Any] = {}
+    for key, value in container.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = value
+    return out

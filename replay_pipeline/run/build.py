@@ -1,0 +1,137 @@
+"""Building a run: from a validated configuration to a `TrainingRun` ready for its first round.
+
+`build_run(cfg)` makes a new run, a resume (cfg.resume) or a fork (cfg.fork; which keys they
+may change is replay_pipeline/resume.py's): the pre-flight checks first, then the run
+directory, the start point (a verified checkpoint, found before any model is built), the
+settings, the task, the policy (version 0, also on resume: it is the KL reference), the
+generator and learner, the tables, the MLflow run, the checkpoint's state restored, and for
+the async loop the published starting weights. Nothing is written before the run directory
+is known to be writable.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from replay_pipeline.buffer.cache import WindowCache
+from replay_pipeline.buffer.store import META_COLUMNS
+from replay_pipeline.buffer.tables import RunTables
+from replay_pipeline.compute import ComputeLedger
+from replay_pipeline.config import TASK_DEFAULTS, flatten
+from replay_pipeline.generation import build_generator
+from replay_pipeline.learner import Learner
+from replay_pipeline.models.device import resolve_device
+from replay_pipeline.models.policy import load_policy
+from replay_pipeline.run.accounting import Accounting
+from replay_pipeline.run.batches import LEARN_COLUMNS, quiet_transformers
+from replay_pipeline.run.files import AsyncDir
+from replay_pipeline.run.lineage import open_tables, open_tracker, restore, start_point, write_run_info
+from replay_pipeline.run.phases import TrainingRun
+from replay_pipeline.run.preflight import preflight
+from replay_pipeline.run.replay import ReplaySampler
+from replay_pipeline.run.settings import Settings, build_settings
+from replay_pipeline.runs import RunPaths, new_run_id
+from replay_pipeline.tasks import task_from_config
+from replay_pipeline.tracking import MlflowTracker, NullTracker
+from replay_pipeline.weights import WeightStore
+
+
+def run_mode(cfg: DictConfig) -> tuple[str, str]:
+    """(mode, run id) of a configuration: resume keeps its run id, a new run or a fork takes
+    cfg.run_id or a fresh one."""
+    if cfg.resume is not None:
+        return "resume", str(cfg.resume)
+    return ("fork" if cfg.fork is not None else "new"), str(cfg.run_id or new_run_id())
+
+
+def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
+              tracker: MlflowTracker | NullTracker | None = None) -> TrainingRun:
+    """A run ready for its first round (see the module docstring)."""
+    preflight(cfg)
+    mode, run_id = run_mode(cfg)
+    paths = RunPaths.make(cfg.tracking.root_dir, run_id)
+    paths.ensure()
+    start, lineage = start_point(cfg, mode, paths, log)
+    settings = build_settings(cfg, run_id, mode)
+    quiet_transformers()
+    if settings.model.torch_threads:
+        torch.set_num_threads(settings.model.torch_threads)
+    torch.manual_seed(settings.seed)
+
+    task = task_from_config(settings.container()["task"], TASK_DEFAULTS)
+    model, tokenizer, policy_info = load_policy(settings, task, paths, log=log)
+    model.to(resolve_device(settings.model.device))  # the learner's device; a transformers generator copies it there
+    # By generator.backend; a vLLM engine loads the checkpoint directory the policy came from.
+    generator = build_generator(settings.generator, model, tokenizer, checkpoint_dir=policy_info.get("path"))
+    if callable(getattr(generator, "share_weights", None)):  # not across a separate engine (vLLM)
+        generator.share_weights(model)  # the learner's updates are the generator's (no copy per round)
+    learner = _learner(settings, model, generator.pad_id)
+
+    uri = settings.buffer.uri or str(paths.lancedb)
+    store, usage = open_tables(uri, mode, run_id, lineage, dict(settings.buffer.storage_options or {}))
+    resolved = settings.container()
+    (paths.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    if tracker is None:
+        tracker = open_tracker(settings, mode, paths, store, usage, uri, lineage)
+    if mode != "resume":
+        tracker.log_params({**flatten(resolved), "policy.parameters": learner.num_parameters(),
+                            **{f"policy.{k}": v for k, v in policy_info.items()}})
+        tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
+        tracker.set_tags({"host.python": platform.python_version(), "host.torch": torch.__version__})
+
+    accounting = Accounting(ComputeLedger(parameters=learner.num_parameters()), async_loop=settings.async_loop)
+    policy_version, start_step, history = 0, 0, {}
+    if start is not None:
+        start_step, policy_version, history = restore(learner, generator, accounting.ledger, settings.algo, *start)
+    b = settings.buffer
+    cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS],
+                        keep=settings.window_size + 4 * settings.rollouts_per_step, shared=settings.async_loop,
+                        prefetch=settings.async_loop and b.read_ahead) if b.read_cache else None
+    tables = RunTables(store, usage, compact_every=b.compact_every, shared=settings.async_loop,
+                       write_behind=b.write_behind, cache=cache)
+    run = TrainingRun(settings=settings, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
+                      learner=learner, tables=tables, tracker=tracker, accounting=accounting,
+                      sampler=ReplaySampler(tables, b, settings.loop, settings.seed, settings.window_size,
+                                            settings.sampling_rules),
+                      heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage,
+                      policy_version=policy_version, start_step=start_step, history=history)
+    if settings.async_loop:
+        _start_async(run, mode)
+    else:
+        run.stored_through = store.max_step() if mode != "new" else -1
+        run.sampler.used_through = usage.max_learner_step() if mode != "new" else -1
+        run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
+    write_run_info(paths, mode, lineage, tracker, store, usage, run.start_step)
+    if mode != "new":
+        log(f"{mode} {run_id} at step {run.start_step} (policy version {run.policy_version}); "
+            f"{max(run.stored_through - run.start_step + 1, 0)} steps of rollouts already stored "
+            f"will be reused, not regenerated")
+    return run
+
+
+def _learner(settings: Settings, model: Any, pad_id: int) -> Learner:
+    a = settings.algo
+    return Learner(model, objective=a.objective, lr=a.lr, objective_params=dict(settings.objective_params),
+                   kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
+                   max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
+                   betas=(a.adam_beta1, a.adam_beta2), temperature=settings.generator.temperature, pad_id=pad_id)
+
+
+def _start_async(run: TrainingRun, mode: str) -> None:
+    """Publish the starting weights for the generator processes and clear the STOP flag.
+    On resume, the usage records of learner steps the checkpoint does not contain are
+    deleted (they describe updates lost with the stopped learner; the async loop is not
+    replayed step by step), while every stored rollout stays buffer data."""
+    run.weights = WeightStore(run.paths.run_dir / "weights")
+    run.weights.publish_base(run.learner.model, run.tokenizer)
+    run.weights.publish(run.learner.state_dict(), run.policy_version)
+    run.control = AsyncDir.of(run.paths.run_dir)
+    run.control.reset()
+    run.accounting.workers = run.control.totals(run.settings.loop.workers)  # a resume's earlier batches
+    if mode == "resume":
+        run.usage.table.delete(f"learner_step >= {int(run.learner.steps)}")
+    run.window_end = run.store.count()

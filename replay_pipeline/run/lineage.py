@@ -1,0 +1,236 @@
+"""A run's lineage: where it starts (new, resume, fork), which tables and MLflow run it
+continues, what its checkpoints hold, and its record `<run_dir>/run.json`.
+
+- `start_point`: the verified checkpoint a resume or fork starts from (or step 0);
+- `open_tables`: a new run's tables, a resume's own, or a fork's shallow clones at the tag;
+- `open_tracker`: a new MLflow run tagged with the lineage, or the resumed one;
+- `checkpoint_state` / `restore`: what a checkpoint's state.json holds for a bit-for-bit
+  resume, and loading it back into a freshly built run;
+- `write_run_info` / `note_flow_run`: run.json, the run's MLflow run id, tables, fork lineage, resumes and Prefect
+  flow runs (a resume needs the MLflow run id even if the run stopped before its first
+  checkpoint).
+
+Configuration rules for resume and fork (which keys may change) are
+replay_pipeline/resume.py's; this module reads and writes the run's files and tables.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.buffer.lance_table import sql_str
+from replay_pipeline.buffer.usage import UsageStore
+from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoint_step, latest_valid,
+                                         list_checkpoints, load_optimizer_state, remove_partial, restore_rng)
+from replay_pipeline.compute import ComputeLedger
+from replay_pipeline.config import ConfigError, flatten
+from replay_pipeline.models.loading import load_pretrained
+from replay_pipeline.resume import config_hash, parse_fork, saved_config
+from replay_pipeline.runs import RunPaths, artifact_location
+from replay_pipeline.tracking import MlflowTracker
+
+RUN_INFO = "run.json"
+
+
+def json_dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, default=str)
+
+
+def read_run_info(root: str | Path, run_id: str) -> dict[str, Any]:
+    """`<run_dir>/run.json`: the MLflow run id and fork lineage, written when a run starts."""
+    path = RunPaths.make(root, run_id).run_dir / RUN_INFO
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is garbled ({exc}); restore it or fork from a checkpoint instead") from exc
+
+
+def start_point(cfg: Any, mode: str, paths: RunPaths, log: Callable[[str], Any]
+                 ) -> tuple[tuple[Path, dict[str, Any]] | None, dict[str, Any]]:
+    """The verified checkpoint a resume or fork starts from (None: step 0), and the lineage.
+
+    Resume: the run's newest valid checkpoint (incomplete or corrupt ones are skipped with a
+    warning); with none, the run restarts from step 0 (a fork from its source checkpoint),
+    reusing every rollout it stored. Fork: the source's checkpoint at the given step."""
+    if mode == "new":
+        return None, {"mode": "new"}
+    if mode == "fork":
+        source, step = parse_fork(cfg.fork)
+        src = RunPaths.make(paths.root, source)
+        found = latest_valid(src.checkpoints, at_step=step)
+        if found is None:
+            have = [checkpoint_step(p) for p in list_checkpoints(src.checkpoints)]
+            raise CheckpointError(
+                f"cannot fork {source}@{step}: run {source} has no valid checkpoint at step {step} "
+                f"under {src.checkpoints} (valid or not, it has: {have or 'none'}). Checkpoints are "
+                "written every loop.checkpoint_every steps and the newest loop.keep_checkpoints kept.")
+        path, state = found
+        return found, {"mode": "fork", "source_run": source, "source_step": step,
+                       "source_checkpoint": str(path), "source_mlflow_run_id": state.get("mlflow_run_id"),
+                       "tag": state["table_tag"], "learner_steps": int(state["learner_steps"])}
+    for tmp in remove_partial(paths.checkpoints):
+        log(f"removed {tmp.name}: a checkpoint the stopped process was still writing")
+    found = latest_valid(paths.checkpoints)
+    info = read_run_info(paths.root, paths.run_id)
+    if found is not None:
+        path, state = found
+        if state.get("run_id") not in (None, paths.run_id):
+            raise CheckpointError(f"{path} belongs to run {state.get('run_id')!r}, not {paths.run_id!r}")
+        # Hashed over the keys the run saved: fields added to the project since keep their defaults.
+        current = config_hash(cfg, keys=flatten(saved_config(paths.root, paths.run_id)))
+        if state.get("config_hash") != current:
+            raise CheckpointError(
+                f"{path} was written with a different configuration (config hash "
+                f"{state.get('config_hash')} != {current}): {paths.run_dir / 'config.yaml'} "
+                f"was changed since. Restore it, or fork the run instead: fork={paths.run_id}@{state['step']}")
+        return found, {"mode": "resume", "checkpoint": str(path)}
+    if list_checkpoints(paths.checkpoints):
+        warnings.warn(f"no checkpoint of {paths.run_id} verifies; restarting it from its start "
+                      "(its stored rollouts are reused, not regenerated)")
+    fork = info.get("fork")
+    if fork:  # a fork that stopped before its first checkpoint: start again from the source's
+        src = RunPaths.make(paths.root, fork["source_run"])
+        found = latest_valid(src.checkpoints, at_step=int(fork["source_step"]))
+        if found is None:
+            raise CheckpointError(f"{paths.run_id} is a fork of {fork['source_run']}@{fork['source_step']} "
+                                  "that stopped before its first checkpoint, and the source checkpoint is gone")
+        return found, {"mode": "resume", "checkpoint": str(found[0]), "fork_restart": True, **fork,
+                       "tag": found[1]["table_tag"], "learner_steps": int(found[1]["learner_steps"])}
+    return None, {"mode": "resume", "checkpoint": None}
+
+
+def open_tables(uri: str, mode: str, run_id: str, lineage: dict[str, Any],
+                 storage_options: Any = None) -> tuple[RolloutStore, UsageStore]:
+    """New run: create both tables. Resume: open them (a schema mismatch is refused and the
+    table left untouched). Fork: shallow-clone the source's at the checkpoint's tag, then drop
+    the source rows the tag holds beyond the fork point (the fork's own rows are kept, so an
+    interrupted fork can be resumed). `storage_options`: buffer.storage_options, for an
+    object-store uri."""
+    opts = {"storage_options": storage_options}
+    if mode == "new":
+        return RolloutStore.create(uri, run_id, **opts), UsageStore.create(uri, run_id, **opts)
+    if mode == "fork" or lineage.get("fork_restart"):
+        source, step, tag = lineage["source_run"], lineage["source_step"], lineage["tag"]
+        mine = f"run_id != {sql_str(run_id)}"
+        store = RolloutStore.fork(uri, source, tag, run_id, drop_where=f"{mine} AND step >= {int(step)}", **opts)
+        usage = UsageStore.fork(uri, source, tag, run_id,
+                                drop_where=f"{mine} AND learner_step >= {int(lineage['learner_steps'])}", **opts)
+        return store, usage
+    return RolloutStore.open(uri, run_id, **opts), UsageStore.open(uri, run_id, **opts)
+
+
+def open_tracker(cfg: Any, mode: str, paths: RunPaths, store: RolloutStore, usage: UsageStore,
+             uri: str, lineage: dict[str, Any]) -> MlflowTracker:
+    mlflow_uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
+    if mode == "resume":
+        run_id = read_run_info(paths.root, paths.run_id).get("mlflow_run_id")
+        if not run_id:
+            raise CheckpointError(f"{paths.run_dir / RUN_INFO} is missing, so the MLflow run of "
+                                  f"{paths.run_id} is unknown; fork the run from a checkpoint instead")
+        return MlflowTracker.attach(mlflow_uri, run_id)
+    tags = {"replay_pipeline.run_id": paths.run_id, "replay_pipeline.rollout_table": store.table_name,
+            "replay_pipeline.usage_table": usage.table_name,
+            "replay_pipeline.lancedb_uri": uri, "replay_pipeline.run_dir": str(paths.run_dir)}
+    if mode == "fork":
+        tags |= {"replay_pipeline.fork_of": lineage["source_run"],
+                 "replay_pipeline.fork_step": str(lineage["source_step"]),
+                 "replay_pipeline.fork_checkpoint": lineage["source_checkpoint"],
+                 "replay_pipeline.fork_mlflow_run_id": str(lineage["source_mlflow_run_id"]),
+                 "replay_pipeline.fork_table_tag": lineage["tag"]}
+    if cfg.tracking.parent_run_id:
+        tags["mlflow.parentRunId"] = str(cfg.tracking.parent_run_id)
+    return MlflowTracker(uri=mlflow_uri, experiment=cfg.tracking.experiment,
+                         artifact_location=artifact_location(cfg, paths, mlflow_uri),
+                         run_name=paths.run_id, tags=tags)
+
+
+# ---------------------------------------------------------------------------- run.json
+def save_run_info(paths: RunPaths, info: dict[str, Any]) -> None:
+    path = paths.run_dir / RUN_INFO
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json_dumps(info))
+    tmp.replace(path)
+
+
+def write_run_info(paths: RunPaths, mode: str, lineage: dict[str, Any], tracker: Any, store: RolloutStore,
+                   usage: UsageStore, start_step: int) -> None:
+    """<run_dir>/run.json: the MLflow run this run logs to, its tables, its fork lineage and
+    its resumes (each also tagged on the MLflow run)."""
+    info = read_run_info(paths.root, paths.run_id)
+    info.update({"run_id": paths.run_id, "mlflow_run_id": tracker.run_id,
+                 "mlflow_uri": tracker.uri, "rollout_table": store.table_name,
+                 "usage_table": usage.table_name, "lancedb_uri": str(store.uri)})
+    if mode == "fork":
+        info["fork"] = {k: lineage[k] for k in ("source_run", "source_step", "source_checkpoint",
+                                                 "source_mlflow_run_id")}
+    if mode == "resume":
+        info.setdefault("resumes", []).append(
+            {"from_step": start_step, "at": datetime.now(timezone.utc).isoformat(),
+             "checkpoint": lineage.get("checkpoint")})
+        tracker.set_tags({"replay_pipeline.resumes": str(len(info["resumes"])),
+                          f"replay_pipeline.resume_{len(info['resumes'])}_from_step": str(start_step)})
+    save_run_info(paths, info)
+
+
+def note_flow_run(paths: RunPaths, tracker: Any, flow_run_id: str) -> list[str]:
+    """Add an orchestrator (Prefect) flow run id to run.json; returns the ones before it."""
+    info = read_run_info(paths.root, paths.run_id)
+    previous = list(info.get("prefect_flow_runs", []))
+    info["prefect_flow_runs"] = previous + [flow_run_id]
+    save_run_info(paths, info)
+    tracker.set_tags({"prefect.flow_run_id": flow_run_id})
+    return previous
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def checkpoint_state(run: Any, tag: str, versions: dict[str, int]) -> dict[str, Any]:
+    """A checkpoint's state.json: everything a bit-for-bit resume needs (step, policy version,
+    learner steps, the RNG states, the sampler state: the window's end and the per-step seed
+    rule, samplers keep no other state), the compute totals, the evaluation history, the table
+    tags and versions, the MLflow run id and the config hash."""
+    b = run.settings.buffer
+    return {
+        "run_id": run.run_id, "policy_version": run.policy_version,
+        "learner_steps": run.learner.steps, "table_tag": tag,
+        "rollout_table": run.store.table_name, "usage_table": run.usage.table_name,
+        "table_version": versions[run.store.table_name], "usage_version": versions[run.usage.table_name],
+        "lancedb_uri": str(run.store.uri), "mlflow_run_id": run.tracker.run_id,
+        "config_hash": run.settings.config_hash, "seed": run.settings.seed,
+        "rng": capture_rng(),
+        "sampler": {"strategy": b.strategy, "window_end": run.window_end,
+                    "capacity": b.capacity, "positive_bias": b.positive_bias,
+                    "rng": "numpy default_rng(SeedSequence([seed, step, 2])) per step",
+                    "reuse_counts": f"usage table, learner_step < {run.learner.steps}"},
+        "compute": dict(run.ledger.totals),
+        "history": {k: v for k, v in run.history.items() if k.startswith("eval/")},
+        "lineage": run.lineage,
+    }
+
+
+def restore(learner: Any, generator: Any, ledger: ComputeLedger, algo: Any, path: Path,
+            state: dict[str, Any]) -> tuple[int, int, dict[str, list[tuple[int, float]]]]:
+    """Load a verified checkpoint's weights, optimizer, RNG states and compute totals into a
+    freshly built learner, generator and ledger (with `algo`, the run's own hyper-parameters:
+    a fork's may differ, a resume's are the same, over the saved moments). Returns (step,
+    policy version, evaluation history)."""
+    weights, _ = load_pretrained(path / "model")
+    learner.model.load_state_dict(weights.state_dict())
+    learner.optimizer.load_state_dict(load_optimizer_state(path))
+    for group in learner.optimizer.param_groups:
+        group.update(lr=algo.lr, betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay)
+    learner.steps = int(state["learner_steps"])
+    policy_version = int(state["policy_version"])
+    generator.load_weights(learner.state_dict(), policy_version)
+    restore_rng(state["rng"])
+    for key, value in state.get("compute", {}).items():
+        if key in ledger.totals:
+            ledger.totals[key] = float(value)
+    history = {k: [(int(a), float(b)) for a, b in v] for k, v in state.get("history", {}).items()}
+    return int(state["step"]), policy_version, history

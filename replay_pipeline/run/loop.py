@@ -1,0 +1,159 @@
+"""The training loop on one screen: a round, an async round, and the schedule of evaluations
+and checkpoints around them. Read it top to bottom; everything it calls is a phase of the run
+(replay_pipeline/run/phases.py).
+
+    evaluate(0) ─► [ round(step) ... ] ─► evaluate / checkpoint when due ─► [ rounds ... ] ─► ...
+
+A **sync round** generates R rollouts with the current policy, scores them, appends them to
+the rollout table, draws K minibatches of B from the buffer's window and takes K learner steps
+(then publishes the weights: policy version + 1). An **async round** is the learner's half
+only: the generator workers (replay_pipeline/run/workers.py) generate, score and append on
+their own, so the round waits for rollouts, draws, learns and publishes.
+
+Consecutive rounds run as one unit (`segments`: at most loop.rounds_per_task, ending where an
+evaluation or a checkpoint falls due, so a unit's rounds are never split by one). How a unit,
+an evaluation and a checkpoint are run is the caller's: `train_loop` calls them directly unless
+given wrappers (flows/train.py makes each a Prefect task, so the UI shows the run's progress).
+Evaluations and checkpoints are timed as scheduled extras, outside the overhead figure. This
+module must not import Prefect, MLflow or the flows.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack, contextmanager
+from typing import Any, Callable, Iterator
+
+from replay_pipeline.run.engines import dask_client
+from replay_pipeline.run.files import Heartbeat
+from replay_pipeline.run.phases import TrainingRun
+from replay_pipeline.run.workers import any_alive, check_generators, wait_until_ready, worker_config
+
+
+def sync_round(run: TrainingRun, step: int) -> dict[str, float]:
+    """Generate, score, append, sample and learn."""
+    table, metrics = run.score(run.generate(step))
+    metrics |= run.append(table, step)
+    minibatches, sampled = run.sample(step)
+    return metrics | sampled | run.learn(minibatches, step)
+
+
+def async_round(run: TrainingRun, step: int, alive: Callable[[], bool]) -> dict[str, float]:
+    """Wait for rollouts (and the replay cap), compact when due (the learner compacts for
+    every writer, on the writer thread while it samples and trains), sample, learn and
+    publish; plus what the generators added since the previous round."""
+    metrics = {"learn/wait_seconds": run.wait_for_rollouts(alive)}
+    run.tables.compact_behind(step)
+    minibatches, sampled = run.sample(step)
+    metrics |= sampled | run.learn(minibatches, step)
+    return metrics | run.generators_report()
+
+
+def run_rounds(run: TrainingRun, first: int, last: int, progress: Callable[[int], Any] | None = None,
+               alive: Callable[[], bool] | None = None, after_round: Callable[[], Any] | None = None) -> None:
+    """Rounds `first`..`last` (inclusive), each logged at its own step with the compute ledger
+    (before the checkpoint that covers it). Sync unless `alive` (the async generators'
+    liveness) is given; `after_round` runs after each (the async loop's generator check)."""
+    for step in range(first, last + 1):
+        metrics = sync_round(run, step) if alive is None else async_round(run, step, alive)
+        run.log(step, metrics | run.compute_metrics())
+        if progress is not None:
+            progress(step)
+        if after_round is not None:
+            after_round()
+
+
+def due(every: int, done: int, total: int) -> bool:
+    return done == total or (every > 0 and done % every == 0)
+
+
+def extras_due(loop: Any, done: int) -> tuple[bool, bool, bool]:
+    """After `done` rounds: (evaluate, sampled evaluation, checkpoint) due."""
+    sampled = due(loop.passk_every, done, loop.steps)
+    return (sampled or due(loop.eval_every, done, loop.steps), sampled,
+            due(loop.checkpoint_every, done, loop.steps))
+
+
+def segments(loop: Any, start: int) -> list[tuple[int, int]]:
+    """The rounds from `start` as (first, last) runs of at most loop.rounds_per_task rounds,
+    each ending where an evaluation or a checkpoint falls due."""
+    out, first = [], start
+    while first < loop.steps:
+        last = first
+        while last + 1 < loop.steps and last + 1 - first < loop.rounds_per_task and not any(extras_due(loop, last + 1)):
+            last += 1
+        out.append((first, last))
+        first = last + 1
+    return out
+
+
+def evaluate_start(run: TrainingRun, evaluate: Callable[[int, bool], dict] | None = None) -> None:
+    """The starting policy's evaluation (greedy and sampled), for a run at step 0."""
+    if run.start_step == 0:
+        run.log(0, (evaluate or run.evaluate)(0, True))
+
+
+def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None,
+               evaluate: Callable[[int, bool], dict] | None = None,
+               checkpoint: Callable[[int], Any] | None = None) -> None:
+    """Every round from run.start_step to loop.steps, with the evaluations and checkpoints
+    that fall due. `rounds(first, last)`, `evaluate(version, sampled)` and `checkpoint(done)`
+    default to running them here (run_rounds, run.evaluate, run.checkpoint)."""
+    rounds = rounds or (lambda first, last: run_rounds(run, first, last))
+    evaluate = evaluate or run.evaluate
+    checkpoint = checkpoint or run.checkpoint
+    loop = run.settings.loop
+    run.accounting.start_loop()
+    for first, last in segments(loop, run.start_step):
+        rounds(first, last)
+        done = last + 1
+        extras = time.perf_counter()
+        evaluate_now, sampled, checkpoint_now = extras_due(loop, done)
+        if evaluate_now:
+            run.log(done, evaluate(run.policy_version, sampled))
+        if checkpoint_now:
+            checkpoint(done)
+        run.accounting.scheduled_seconds += time.perf_counter() - extras
+
+
+@contextmanager
+def generators_running(run: TrainingRun, supervise: Callable[..., Any], log: Callable[[str], Any] = print
+                       ) -> Iterator[tuple[Callable[[], bool], Callable[[], None]]]:
+    """The async loop's generators, alive for the body of the `with`: a heartbeat thread, the
+    Dask client (loop.engine=dask), one supervisor per generator started with
+    `supervise(worker, container, registry, client, session)` (it returns a future with
+    `wait(timeout)`, `result()` and `state`: flows/train.py submits a Prefect task), all
+    generators ready before the first round. Yields (alive, check): whether any generator is
+    alive, and a check that raises if one ended. On leaving, STOP is written and the
+    generators are waited for (killed after 2 minutes); a generator that failed fails the run
+    with its own error, also when the learner failed because none was left alive."""
+    loop = run.settings.loop
+    container = worker_config(run.settings, run.paths)
+    registry: dict[int, Any] = {}
+    futures: list = []
+    with ExitStack() as stack:  # closed in reverse: generators stopped, cluster closed, heartbeat ended
+        heartbeat = stack.enter_context(Heartbeat(run.control, loop.heartbeat_timeout))
+        client = stack.enter_context(dask_client(loop.workers, loop.dask_address, log=log)) \
+            if loop.engine == "dask" else None
+        futures += [supervise(w, container, registry, client, heartbeat.session) for w in range(loop.workers)]
+        stack.callback(_stop_generators, run, futures, registry)
+        try:
+            wait_until_ready(run.control, registry, loop.workers)
+            yield (lambda: any_alive(registry, loop.workers)), (lambda: check_generators(run.control, registry))
+        except Exception:
+            _stop_generators(run, futures, registry)
+            for future in futures:
+                if future.state.is_failed():
+                    future.result()
+            raise
+    for future in futures:
+        future.result()  # a generator that crashed mid-run fails the run
+
+
+def _stop_generators(run: TrainingRun, futures: list, registry: dict[int, Any]) -> None:
+    run.control.stop()
+    for future in futures:
+        future.wait(timeout=120)
+    for proc in registry.values():  # a worker that ignored STOP for 2 minutes
+        if proc.is_alive():
+            proc.kill()

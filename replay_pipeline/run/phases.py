@@ -1,0 +1,366 @@
+"""One training run's state and its phases: generate, score, append, sample, learn; evaluate
+and checkpoint. replay_pipeline/run/loop.py calls them in order; replay_pipeline/run/build.py
+makes the run.
+
+    generate(step) -> score(batch) -> append(table, step) -> sample(step) -> learn(minibatches, step)
+    evaluate(step) every loop.eval_every steps, checkpoint(step) every loop.checkpoint_every
+
+Each phase adds what it spent to the ledger (replay_pipeline/run/accounting.py) and returns
+its metrics, grouped by phase (`generate/`, `score/`, `buffer/`, `learn/`, `eval/`). Tables are
+written only through the door of replay_pipeline/buffer/tables.py, the window is chosen by
+replay_pipeline/run/replay.py, checkpoints and run.json are replay_pipeline/run/lineage.py's.
+This module must not import the loop, the build, the workers or anything of Prefect.
+
+Resume: rollouts the stopped process appended after its last checkpoint are **kept as buffer
+data**: a resumed run that reaches a step whose rollouts are stored reads them back instead
+of generating (saving that generation compute), and the idempotent append adds nothing. The
+window (`window_end`) and the usage counts (`before=` the current learner step) are read as
+they stood at each step, so rows and usage records written "ahead" do not leak into earlier
+steps: in the sync loop a resumed run is bit for bit the run that was never stopped.
+
+Policy versions: the warm-start (or loaded) policy is version 0. Each generation step's round
+of `updates_per_step` learner steps ends by publishing the new weights to the generator, which
+increments the version; so rollouts of step s carry version s and a run of S steps ends at
+version S.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from replay_pipeline import faults
+from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.buffer.schema import make_rollout_id
+from replay_pipeline.buffer.tables import RunTables
+from replay_pipeline.buffer.usage import UsageStore
+from replay_pipeline.checkpoints import checkpoint_name, list_checkpoints, save_checkpoint
+from replay_pipeline.compute import ComputeLedger
+from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
+from replay_pipeline.generation import Sample
+from replay_pipeline.learner import Learner
+from replay_pipeline.run.accounting import Accounting
+from replay_pipeline.run.batches import (SEED_EVAL, GeneratedBatch, generate_batch, score_batch, step_prompts,
+                                         step_seed, usage_table)
+from replay_pipeline.run.files import AsyncDir
+from replay_pipeline.run.lineage import checkpoint_state, json_dumps, note_flow_run
+from replay_pipeline.run.replay import ReplaySampler
+from replay_pipeline.run.settings import Settings
+from replay_pipeline.runs import RunPaths
+from replay_pipeline.tasks.base import Prompt
+from replay_pipeline.weights import WeightStore
+
+
+@dataclass
+class TrainingRun:
+    settings: Settings
+    paths: RunPaths
+    task: Any
+    tokenizer: Any
+    generator: Any
+    learner: Learner
+    tables: RunTables
+    sampler: ReplaySampler
+    tracker: Any
+    accounting: Accounting
+    heldout: list[Prompt]
+    policy_info: dict[str, Any]
+    lineage: dict[str, Any] = field(default_factory=dict)
+    """How this process started: {"mode": "new" | "resume" | "fork", ...}."""
+    policy_version: int = 0
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    start_step: int = 0
+    """The first generation step this process runs (> 0 after a resume or fork)."""
+    stored_through: int = -1
+    """Newest generation step whose rollouts were already stored when this process started."""
+    window_end: int = 0
+    """One past the newest ``seq`` the buffer holds as of the current step."""
+    weights: WeightStore | None = None
+    """Async loop: where each policy version is published for the generator processes."""
+    control: AsyncDir | None = None
+    """Async loop: the STOP flag and the generator workers' stats."""
+
+    @property
+    def run_id(self) -> str:
+        return self.paths.run_id
+
+    @property
+    def store(self) -> RolloutStore:
+        return self.tables.store
+
+    @property
+    def usage(self) -> UsageStore:
+        return self.tables.usage
+
+    @property
+    def cache(self):
+        return self.tables.cache
+
+    @property
+    def ledger(self) -> ComputeLedger:
+        return self.accounting.ledger
+
+    # ------------------------------------------------------------------ phases
+    def generate(self, step: int) -> GeneratedBatch:
+        """Sample G completions for each of this step's prompts with the published policy."""
+        if step <= self.stored_through:
+            prompts, seed = step_prompts(self.task, self.settings, step)
+            stored = self._stored_batch(step, seed, prompts)
+            if stored is not None:
+                return stored
+        return generate_batch(self.task, self.generator, self.settings, step)
+
+    def _stored_batch(self, step: int, seed: int, prompts: list[Prompt]) -> GeneratedBatch | None:
+        """This step's rollouts as stored by a process that stopped after its last checkpoint
+        (None unless all of them are stored, for these prompts)."""
+        g = self.settings.loop.group_size
+        rows = self.store.rows_for_step(step, columns=["rollout_id", "policy_version", "prompt_id", "prompt_ids",
+                                                       "completion_ids", "behaviour_logprobs", "completion",
+                                                       "finish_reason"])
+        if rows.num_rows != len(prompts) * g:
+            return None
+        data = rows.to_pydict()
+        ids = [make_rollout_id(self.run_id, step, gi, si) for gi in range(len(prompts)) for si in range(g)]
+        order = {rid: i for i, rid in enumerate(data["rollout_id"])}
+        if set(order) != set(ids):
+            return None
+        samples: list[list[Sample]] = []
+        for gi, prompt in enumerate(prompts):
+            group = []
+            for si in range(g):
+                i = order[ids[gi * g + si]]
+                if data["prompt_id"][i] != prompt.prompt_id:
+                    return None  # not this configuration's prompts: generate afresh
+                group.append(Sample(prompt_ids=list(data["prompt_ids"][i]),
+                                    completion_ids=list(data["completion_ids"][i]),
+                                    logprobs=list(data["behaviour_logprobs"][i]),
+                                    text=data["completion"][i], finish_reason=data["finish_reason"][i]))
+            samples.append(group)
+        version = int(data["policy_version"][0])
+        return GeneratedBatch(step, version, seed, prompts, samples, 0.0, reused=True)
+
+    def score(self, batch: GeneratedBatch) -> tuple[pa.Table, dict[str, float]]:
+        """Reward every completion with the task's verifier, freeze group advantages, and
+        lay the rollouts out as rows of the rollout table.
+
+        A reward that raises or is not finite scores 0.0 and is flagged (scoring.safe_reward):
+        the reason goes to the row's `reward_error` (null otherwise), the count to
+        `score/flagged`, and one warning per step to the `replay_pipeline.scoring` logger."""
+        table, metrics = score_batch(self.task, batch, self.run_id, self.settings.loop.group_size)
+        tokens = float(metrics["generate/tokens"])
+        if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
+            self.ledger.add(gen_tokens=tokens)
+        else:
+            # The verifier's time counts as generation, as in the paper's cost model (laying
+            # the rows out for storage does not: that is the pipeline's own cost).
+            self.ledger.add(gen_tokens=tokens, gen_seconds=batch.seconds + metrics["score/reward_seconds"],
+                            gen_rollouts=table.num_rows)
+            self.ledger.add(other_seconds=metrics["score/seconds"] - metrics["score/reward_seconds"])
+        return table, metrics
+
+    def append(self, table: pa.Table, step: int) -> dict[str, float]:
+        """Persist the scored rollouts (replay_pipeline/buffer/tables.py): a fresh step's rows
+        are validated and numbered here and committed behind the learner (their compaction,
+        when due, too: learn() reports it); a step a stopped process may have stored already
+        (a resume's replayed steps) goes through the idempotent append at once."""
+        start = time.perf_counter()
+        fresh = step > self.stored_through
+        if fresh:
+            # The sync loop is the table's only writer: its rows are numbered from the count it
+            # tracks (window_end); the writer thread checks that count before committing.
+            stored = self.tables.append_fresh(table, step, count=self.window_end if self.control is None else None)
+            if stored is not None:
+                self.window_end = int(stored.column("seq")[-1].as_py()) + 1
+        else:
+            stored = self.tables.append_replayed(table, step)
+            # The buffer as of this step: everything, unless rows of later steps are stored already.
+            self.window_end = self.store.seq_end(step) if step < self.stored_through else self.store.count()
+        seconds = time.perf_counter() - start
+        out = {"buffer/appended": float(0 if stored is None else stored.num_rows),
+               "buffer/total_rows": float(self.window_end), "buffer/append_seconds": seconds}
+        if not fresh:
+            out["buffer/compact_seconds"] = self.tables.compact_if_due(step)
+        self.ledger.add(other_seconds=seconds + out.get("buffer/compact_seconds", 0.0))
+        return out
+
+    def sample(self, step: int) -> tuple[list[dict[str, list]], dict[str, float]]:
+        """This round's minibatches from the window (replay_pipeline/run/replay.py)."""
+        minibatches, metrics = self.sampler.sample(step, self.learner.steps, self.policy_version, self.window_end)
+        self.ledger.add(other_seconds=metrics["buffer/sample_seconds"])
+        return minibatches, metrics | {"buffer/replay_ratio_target": self.settings.replay_ratio}
+
+    def learn(self, minibatches: list[dict[str, list]], step: int) -> dict[str, float]:
+        """One learner step per minibatch, then publish the weights (version + 1), then a
+        durable record of the rollouts each step used. (Publishing first: its copy of the
+        weights then does not compete with the usage records' commit on the writer thread.)"""
+        start = time.perf_counter()
+        first_learner_step = self.learner.steps
+        per_step = [self.learner.step(mb) for mb in minibatches]
+        train_seconds = time.perf_counter() - start
+        publish_start = time.perf_counter()
+        trained = self.policy_version  # the version these learner steps started from
+        self.policy_version += 1
+        if self.generator.shares_weights:  # the optimizer's in-place update is already there
+            self.generator.policy_version = self.policy_version
+        else:
+            self.generator.load_weights(self.learner.state_dict(), self.policy_version)
+        if self.weights is not None:  # async: to the generator processes (written off-thread)
+            self.weights.publish_copy_in_background(self.learner.model.state_dict(), self.policy_version)
+        publish_seconds = time.perf_counter() - publish_start
+        record_start = time.perf_counter()
+        compacted = self.tables.wait()  # the rollouts these records name are stored first
+        used = usage_table(self.run_id, step, first_learner_step, trained, minibatches)
+        metrics = self.sampler.usage_metrics(used, self.window_end) if used.num_rows else {}
+        record_seconds = time.perf_counter() - record_start
+        if per_step:
+            metrics |= {f"learn/{k}": float(np.mean([m[k] for m in per_step])) for k in per_step[0]}
+            metrics["learn/ratio_max"] = float(max(m["ratio_max"] for m in per_step))
+            metrics["learn/tokens"] = float(sum(m["tokens"] for m in per_step))
+            versions = np.concatenate([np.asarray(mb["policy_version"]) for mb in minibatches])
+            metrics["learn/staleness_mean"] = float(np.mean(self.policy_version - 1 - versions))
+        metrics.update({
+            "learn/seconds": train_seconds, "learn/publish_seconds": publish_seconds,
+            "learn/policy_version": float(self.policy_version),
+            "learn/learner_steps": float(self.learner.steps),
+            "buffer/record_seconds": record_seconds,
+        })
+        if compacted is not None:
+            metrics["buffer/compact_seconds"] = float(compacted)
+        self.ledger.add(train_tokens=metrics.get("learn/tokens", 0.0), train_seconds=train_seconds,
+                        train_rollouts=sum(len(mb["rollout_id"]) for mb in minibatches),
+                        other_seconds=publish_seconds + record_seconds)
+        return metrics
+
+    def wait_for_rollouts(self, alive: Callable[[], bool], timeout: float = 600.0) -> float:
+        """Async loop: block until the table holds a minibatch and a round of K learner steps
+        stays within loop.replay_cap; returns the seconds waited. Raises if the generators
+        have all stopped, or if no rollout arrives for `timeout` seconds."""
+        loop = self.settings.loop
+        need = loop.updates_per_step * loop.minibatch_size
+        start = last_change = time.perf_counter()
+        self.tables.wait()  # the previous round's usage records count towards the cap
+        last_rows = -1
+        mirror = self.cache if self.cache is not None and self.cache.rows is not None else None
+        while True:
+            rows = self.cache.stored() if self.cache is not None else self.store.count()
+            if rows >= loop.minibatch_size and (loop.replay_cap is None or (
+                    (mirror.total if mirror is not None else self.usage.count()) + need) / rows <= loop.replay_cap):
+                break
+            now = time.perf_counter()
+            if rows != last_rows:
+                last_rows, last_change = rows, now
+            if not alive():
+                raise RuntimeError(f"every generator worker of {self.run_id} has stopped; their output is "
+                                   f"above, their stats in {self.control.path if self.control else '?'}")
+            if now - last_change > timeout:
+                raise RuntimeError(f"no new rollout for {timeout:.0f} s; the generators are stuck")
+            time.sleep(0.01)
+        self.window_end = rows
+        waited = time.perf_counter() - start
+        self.accounting.wait_seconds += waited
+        return waited
+
+    def generators_report(self) -> dict[str, float]:
+        """Async loop: what the generator processes added since the previous round, from their
+        stats (read once per round)."""
+        return self.accounting.fold_workers(self.control.totals(self.settings.loop.workers))
+
+    def evaluate(self, step: int, sampled: bool = False) -> dict[str, float]:
+        """Greedy held-out accuracy; with `sampled`, also the paper's pass@1 (temperature
+        0.1, top-p 0.95), pass@k at temperature 1 and the sampled entropy and length."""
+        start = time.perf_counter()
+        metrics = evaluate_greedy(self.generator, self.task, self.heldout, seed=self.settings.seed)
+        if sampled:
+            seed = step_seed(self.settings.seed, self.policy_version, SEED_EVAL)
+            n = self.settings.loop.eval_samples
+            metrics |= evaluate_pass1(self.generator, self.task, self.heldout, seed=seed)
+            metrics |= evaluate_sampled(self.generator, self.task, self.heldout, n=n,
+                                        ks=default_ks(n), seed=seed)
+        tokens = sum(metrics.get(k, 0.0) for k in ("eval/greedy_tokens", "eval/sample_tokens", "eval/pass1_tokens"))
+        self.ledger.add(eval_seconds=time.perf_counter() - start, eval_tokens=tokens)
+        metrics["eval/policy_version"] = float(self.policy_version)
+        return metrics
+
+    def checkpoint(self, step: int) -> Path:
+        """Tag the table versions this checkpoint saw, then save model, optimizer and state
+        (replay_pipeline/run/lineage.py says what it holds) atomically, then tell MLflow.
+        `step` = steps done."""
+        self.tables.wait()  # a checkpoint never covers a write still in flight
+        tag = checkpoint_name(step)
+        versions = {}
+        for table in (self.store, self.usage):
+            # A tag left by a process that stopped before finishing this checkpoint names the
+            # same step's data (the sync loop is deterministic): keep it, never move it.
+            if tag not in table.tags():
+                table.tag(tag)
+            versions[table.table_name] = table.tags()[tag]
+        state = checkpoint_state(self, tag, versions)
+        self.tracker.flush()  # the metrics of the steps this checkpoint covers are stored first
+        if self.weights is not None:
+            self.weights.flush()
+        path = save_checkpoint(self.paths.checkpoints, step, self.learner.model, self.tokenizer,
+                               self.learner.optimizer, state, keep=self.settings.loop.keep_checkpoints,
+                               before_rename=lambda tmp: faults.crash_point("checkpoint_write", step))
+        faults.crash_point("after_checkpoint", step)
+        self.tracker.set_tags({"checkpoint.latest": str(path), "checkpoint.latest_step": str(step)})
+        self.tracker.log_text(json_dumps({k: v for k, v in state.items() if k != "rng"} | {"step": step, "path": str(path)}),
+                              f"checkpoints/{tag}.json")
+        return path
+
+    # ------------------------------------------------------------------ bookkeeping
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.tracker.log_metrics(metrics, step=step)
+        for k, v in metrics.items():
+            self.history.setdefault(k, []).append((step, float(v)))
+
+    def last(self, key: str, default: float = float("nan")) -> float:
+        values = self.history.get(key)
+        return values[-1][1] if values else default
+
+    def compute_metrics(self) -> dict[str, float]:
+        return self.accounting.compute_metrics()
+
+    def flush_writes(self) -> None:
+        """Wait for the table write in flight (raising its error). Call it before reading the
+        tables in the middle of a run; checkpoints and the end of the run call it."""
+        self.tables.wait()
+
+    def note_flow_run(self, flow_run_id: str) -> list[str]:
+        """Add an orchestrator (Prefect) flow run id to run.json; returns the ones before it."""
+        return note_flow_run(self.paths, self.tracker, flow_run_id)
+
+    def summary(self, status: str = "FINISHED") -> dict[str, Any]:
+        self.tables.settle(run_id=self.run_id)  # the counts below include the last round's writes
+        return self.accounting.summary(
+            self.history, run_id=self.run_id, status=status,
+            steps_done=int(self.history.get("learn/policy_version", [(0, float(self.start_step))])[-1][1]),
+            policy_version=self.policy_version, heldout_prompts=len(self.heldout),
+            rollouts_stored=self.store.count(), rollout_table=self.store.table_name,
+            lancedb_uri=str(self.store.uri), mlflow_run_id=self.tracker.run_id,
+            mlflow_uri=self.tracker.uri or "", experiment=self.settings.tracking.experiment,
+            checkpoint_dir=str(self.paths.checkpoints), run_dir=str(self.paths.run_dir),
+            policy=self.policy_info)
+
+    def log_final_model(self) -> None:
+        """The newest checkpoint's Hugging Face model directory, as the run's `model/` artifact."""
+        done = list_checkpoints(self.paths.checkpoints)
+        if done:
+            self.tracker.log_artifacts(done[-1] / "model", "model")
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """End the run: the mirror and the writer thread (a failed last write turns FINISHED
+        into FAILED), the published weights, the MLflow run's `status`; then close the
+        generator (a vLLM engine's GPU memory) even if that failed."""
+        try:
+            if not self.tables.close(run_id=self.run_id) and status == "FINISHED":
+                status = "FAILED"
+            if self.weights is not None:
+                self.weights.flush()
+            self.tracker.finish(status)
+        finally:
+            self.generator.close()

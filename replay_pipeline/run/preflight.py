@@ -1,0 +1,102 @@
+"""Pre-flight: the checks of a validated configuration that need I/O, run before any work.
+
+`validate` (replay_pipeline/config/rules.py) is pure; what it cannot see without touching the
+machine is checked here, and fails with one `ConfigError` that lists every problem with the
+override that fixes it (flows.train turns it into exit code 2 before Prefect starts; a
+deployed run fails in its first task, before any model is built):
+
+- the run root can be written (`tracking.root_dir`);
+- `model.path` is a Hugging Face checkpoint directory; the math task's data files exist;
+- `model.device` exists on this machine (a CUDA probe);
+- the vLLM backend can run here (vllm installed and a GPU, without importing vllm); Dask is
+  installed for `loop.engine=dask`;
+- an object-store `buffer.uri` answers (one LIST request); a `loop.dask_address` scheduler
+  answers (TCP, then Dask's handshake).
+
+`check_start_point` finds and verifies the checkpoint and tables a resume or fork needs; the
+CLI runs it too before Prefect starts (building the run does the same work again anyway).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.buffer.lance_table import StoreError, check_storage
+from replay_pipeline.buffer.usage import UsageStore
+from replay_pipeline.config import DASK_INSTALL, ConfigError
+from replay_pipeline.generation import vllm_backend
+from replay_pipeline.models.device import device_problem
+from replay_pipeline.run.engines import check_dask_scheduler
+from replay_pipeline.run.lineage import start_point
+from replay_pipeline.runs import RunPaths, ensure_writable
+
+
+def preflight(cfg: Any) -> None:
+    """Every I/O check of the module docstring; ConfigError (or PermissionError for an
+    unwritable root) listing what to fix."""
+    ensure_writable(cfg.tracking.root_dir)
+    problems = [*_model_problems(cfg.model), *_task_problems(cfg.task)]
+    device = device_problem(cfg.model.device)
+    if device:
+        problems.append(device)
+    if cfg.generator.backend == "vllm":
+        reason = vllm_backend.vllm_unavailable()  # read at call time (the tests stand in for a GPU)
+        if reason:
+            problems.append(f"generator.backend=vllm cannot run here: {reason}. {vllm_backend.VLLM_INSTALL}; or use "
+                            "generator=transformers")
+    if cfg.loop.engine == "dask" and importlib.util.find_spec("distributed") is None:
+        problems.append(f"loop.engine=dask needs dask.distributed, which is not installed: {DASK_INSTALL}")
+    if problems:
+        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+    _probe_buffer_storage(cfg.buffer)
+    if cfg.loop.mode == "async" and cfg.loop.engine == "dask" and cfg.loop.dask_address:
+        check_dask_scheduler(cfg.loop.dask_address)  # an unreachable scheduler fails here
+
+
+def _model_problems(model: Any) -> list[str]:
+    if model.path is None:
+        return []
+    path = Path(os.path.expanduser(str(model.path)))
+    if not path.is_dir():
+        return [f"model.path={model.path} is not a directory; point it at a Hugging Face "
+                "checkpoint directory (with config.json), or drop it to use the built-in model"]
+    if not (path / "config.json").is_file():
+        return [f"model.path={model.path} has no config.json; it must be a Hugging Face "
+                "checkpoint directory as written by save_pretrained()"]
+    return []
+
+
+def _task_problems(task: Any) -> list[str]:
+    return [f"task.{key}={getattr(task, key)} does not exist; give a local file or directory"
+            for key in ("path", "heldout_path")
+            if getattr(task, key, None) is not None and str(getattr(task, key)).strip()
+            and not Path(os.path.expanduser(str(getattr(task, key)))).exists()]
+
+
+def _probe_buffer_storage(buf: Any) -> None:
+    """An object-store buffer.uri must be reachable before any work starts (bucket, endpoint,
+    credentials); one LIST request (replay_pipeline.buffer.lance_table.check_storage)."""
+    uri = "" if buf.uri is None else str(buf.uri)
+    if "://" not in uri or uri.startswith("file://"):
+        return
+    try:
+        check_storage(uri, buf.storage_options)
+    except StoreError as exc:
+        raise ConfigError(f"Invalid configuration: buffer.uri={uri}: {exc}") from exc
+
+
+def check_start_point(cfg: Any, log: Callable[[str], Any] = print) -> None:
+    """Find (and verify) the checkpoint a resume or fork needs, and check the tables it will
+    open (a missing table or a schema mismatch is refused, the table left untouched)."""
+    mode = "resume" if cfg.resume else "fork"
+    paths = RunPaths.make(cfg.tracking.root_dir, cfg.resume or cfg.run_id or "pending-fork")
+    start_point(cfg, mode, paths, log=log)
+    table_run = cfg.resume if mode == "resume" else cfg.fork.partition("@")[0]
+    uri = cfg.buffer.uri or str(paths.lancedb)
+    opts = cfg.buffer.storage_options  # an unreachable object store was refused by preflight
+    RolloutStore.open(uri, table_run, storage_options=opts)
+    UsageStore.open(uri, table_run, storage_options=opts)
