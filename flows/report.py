@@ -34,6 +34,16 @@ def _mu(text: str) -> float:
     return value
 
 
+def _accuracy(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value <= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an accuracy in [0, 1], e.g. 0.5")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flows.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("parent_run_id", metavar="PARENT_RUN_ID",
@@ -44,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mu", type=_mu, default=report.DEFAULT_MU,
                         help=f"mu of the GPU-scale projection (default {report.DEFAULT_MU:g}, the paper's Qwen2.5-7B)")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: ROOT/reports/<sweep name>-<sweep id>)")
+    parser.add_argument("--target", type=_accuracy, metavar="ACCURACY",
+                        help="read the per-seed crossings at this held-out accuracy (default: the baseline's "
+                             "median peak; give one below it when the baseline is still rising)")
     parser.add_argument("--baseline", metavar="NAME",
                         help="the baseline configuration (default: sweep.json's baseline, else no_buffer)")
     return parser
@@ -54,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uri = report.tracking_uri(args.root, args.mlflow_uri)
         result = report.build_report(uri, args.parent_run_id, mu=args.mu, out=args.out, root=args.root,
-                                     baseline=args.baseline)
+                                     baseline=args.baseline, target=args.target)
     except report.ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

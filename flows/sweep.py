@@ -3,8 +3,8 @@ flow run and of one MLflow parent run; then a learning-rate stage and the report
 
     python -m flows.sweep                                   # the default grid (GRIDS["default"], 38 min measured here)
     python -m flows.sweep --quick                           # the quick grid (~10 min)
-    python -m flows.sweep --grid headline                   # baseline vs the two best, 10 seeds (26 min)
-    python -m flows.sweep --grid long                       # baseline vs the best, 10 seeds, 3x the budget (45 min)
+    python -m flows.sweep --grid headline                   # baseline vs the two best + 2 controls, seeds 10-19
+    python -m flows.sweep --grid long                       # baseline vs the best + 2 controls, 3x the budget
     python -m flows.sweep --seeds 0,1,2,3 loop.steps=200    # overrides shared by every child
     python -m flows.sweep --config base=experiment=no_buffer \
         --config big=experiment=replay,buffer.capacity=512 --lr-factors 0.5,2 --name capacity
@@ -20,9 +20,17 @@ Every configuration gets the baseline's generation budget (`equal_budget`): one 
 fewer rollouts a step runs proportionally more steps and is evaluated as often per generated
 rollout, unless it sets `loop.steps` / `loop.eval_every` itself.
 
+**Held-out protocol.** A grid that confirms configurations chosen elsewhere records where
+(`Grid.selection`): the headline and long grids run confirmation seeds 10-19, disjoint from the
+seeds that chose their configurations (the default grid's 0-3; the headline's 0-9), with the two
+controls (`no_buffer_r32`, the on-policy baseline at the winners' size, and
+`onpolicy_prio_r32_b32`, on-policy drawing by |advantage| from the fresh batch only).
+`--selection-seeds` states them for a sweep of explicit configurations; seeds that both chose
+and would confirm are refused (exit 2). sweep.json's `protocol` carries them to the report.
+
 With learning-rate factors (the default grid: x0.5 and x2, on 2 of its seeds), a second stage follows: the
 baseline (`--baseline`, default `no_buffer`) and the best buffer configuration of the first
-stage (fewest generated tokens to the baseline's peak held-out accuracy,
+stage (the lowest median per-seed crossing of the baseline's peak in projected compute,
 replay_pipeline.report.best_config) run again at their learning rate times each factor, as
 configurations `<config>-lrx<factor>` of the same family, so the report can draw each family's
 Pareto frontier of accuracy against compute.
@@ -70,6 +78,11 @@ class Grid:
     about: str
     lr_seeds: int | None = None
     """How many of the seeds the learning-rate stage uses (None: all)."""
+    selection: dict[str, Any] | None = None
+    """How the grid's configurations were chosen, for the held-out protocol (`protocol`):
+    {"seeds": the seeds whose runs chose them, "chosen_on": where, "configs_tried": how many
+    configurations competed, "variants_tried": how many further variants were tried}. The
+    grid's own seeds must be disjoint from these: its report is then a confirmation."""
 
 
 def _shared(steps: int, eval_every: int = 10) -> list[str]:
@@ -116,6 +129,15 @@ _DEFAULT = Grid(
           "4 seeds, each generating 6,400 rollouts, then learning rates x0.5 and x2 (2 seeds) for the "
           "baseline and the best buffer configuration")
 
+#: The control that could explain the winner's saving away: on-policy at its size (4 prompts, one
+#: update of 32 a step) drawing by |advantage| from the fresh batch only (a window of exactly the
+#: step's 32 rollouts), so zero-advantage rollouts are almost never trained on, with no replay.
+_ONPOLICY_PRIO = ["experiment=replay", "buffer.strategy=prioritized", "buffer.capacity=32",
+                  "loop.prompts_per_step=4", "loop.updates_per_step=1", "loop.minibatch_size=32"]
+
+#: Confirmation seeds of the headline and long grids: never used to choose a configuration.
+_CONFIRMATION = list(range(10, 20))
+
 #: The built-in grids, by name (`--grid`).
 GRIDS: dict[str, Grid] = {
     "default": _DEFAULT,
@@ -123,27 +145,40 @@ GRIDS: dict[str, Grid] = {
     # and the default grid's two best buffer configurations, seeds 0-9, no learning-rate stage.
     # Seeds 0-3 repeat the default grid's runs exactly (training is deterministic under the seed).
     # Measured: 26 min on the 2-core CPU machine (README, "The headline at 10 seeds").
+    # Confirmation seeds 10-19: the two configurations were chosen on the default grid's seeds
+    # 0-3 (and its pass@16 variants on seeds 0-1 and 0-3), so those seeds cannot confirm them.
+    # With both controls: the on-policy baseline at the winners' size, and the same drawing by
+    # |advantage| from the fresh batch only.
     "headline": Grid(
-        configs={name: _DEFAULT.configs[name]
-                 for name in ("no_buffer", "posbias_prio256_r32_b32", "posbias_prio512_r32_b32")},
-        seeds=list(range(10)),
+        configs={**{name: _DEFAULT.configs[name]
+                    for name in ("no_buffer", "posbias_prio256_r32_b32", "posbias_prio512_r32_b32",
+                                 "no_buffer_r32")},
+                 "onpolicy_prio_r32_b32": _ONPOLICY_PRIO},
+        seeds=_CONFIRMATION,
         overrides=_DEFAULT.overrides,
         lr_factors=[],
-        about="the paper's headline comparison at 10 seeds: the on-policy baseline against the default "
-              "grid's two best buffer configurations (equal generation budget), no learning-rate stage"),
+        selection={"seeds": [0, 1, 2, 3], "chosen_on": "the default grid (GRIDS['default']), seeds 0-3",
+                   "configs_tried": len(_DEFAULT.configs), "variants_tried": 15},
+        about="the paper's headline comparison at 10 confirmation seeds (10-19): the on-policy baseline "
+              "against the default grid's two best buffer configurations and two controls (on-policy at "
+              "their size; on-policy drawing by |advantage| from the fresh batch), equal generation budget"),
     # The headline's best configuration against the baseline at three times the budget (300
     # baseline steps, 19,200 rollouts): at 100 steps every baseline run is still climbing fast,
     # while the paper compares runs near their peak (PAPER.md, "How results are read"); over 300
     # steps the baseline's climb slows down (it has not stopped: its median peaks at step 300).
     # Measured: 45 min on the 2-core CPU machine (README, "At three times the budget").
     "long": Grid(
-        configs={name: _DEFAULT.configs[name] for name in ("no_buffer", "posbias_prio512_r32_b32")},
-        seeds=list(range(10)),
+        configs={**{name: _DEFAULT.configs[name]
+                    for name in ("no_buffer", "posbias_prio512_r32_b32", "no_buffer_r32")},
+                 "onpolicy_prio_r32_b32": _ONPOLICY_PRIO},
+        seeds=_CONFIRMATION,
         overrides=_shared(300),
         lr_factors=[],
-        about="the on-policy baseline against the headline's best buffer configuration at three times "
-              "the generation budget (19,200 rollouts, the baseline near its peak), 10 seeds, no "
-              "learning-rate stage"),
+        selection={"seeds": list(range(10)), "chosen_on": "the headline grid's seeds 0-9 (its best) and a "
+                   "300-step exploration on seeds 0-2", "configs_tried": 3, "variants_tried": 0},
+        about="the on-policy baseline against the headline's best buffer configuration and the two controls "
+              "at three times the generation budget (19,200 rollouts, the baseline near its peak), 10 "
+              "confirmation seeds (10-19)"),
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],
@@ -280,6 +315,27 @@ def settle(grid: str | None, configs: dict[str, list[str]] | None, seeds: list[i
     return configs, seeds, shared, factors
 
 
+def protocol(seeds: list[int], selection_seeds: list[int] | None, grid: str | None,
+             configs_given: bool) -> dict[str, Any]:
+    """The held-out protocol recorded in sweep.json and read by the report: which seeds chose
+    the configurations (the grid's `selection`, or `selection_seeds` as given) and which
+    confirm them (this sweep's seeds). Overlapping seeds are refused: a configuration cannot
+    be confirmed on the runs that chose it. Without a selection (a grid that chooses, such as
+    the default, or explicit configurations): {"selection_seeds": None, ...}, and the report
+    says that these runs may have chosen what they report."""
+    chosen = GRIDS[grid or "default"].selection if grid is not None or not configs_given else None
+    picked = list(selection_seeds) if selection_seeds is not None else (chosen or {}).get("seeds")
+    out = {"confirmation_seeds": list(seeds), "selection_seeds": picked,
+           "chosen_on": (chosen or {}).get("chosen_on") if selection_seeds is None else "as given (--selection-seeds)",
+           "configs_tried": (chosen or {}).get("configs_tried"), "variants_tried": (chosen or {}).get("variants_tried")}
+    overlap = sorted(set(seeds) & set(picked or []))
+    if overlap:
+        raise ConfigError(f"seeds {overlap} both chose the configurations (selection seeds {picked}) and would "
+                          "confirm them: give confirmation seeds never used to choose, e.g. --seeds "
+                          f"{max([*seeds, *picked]) + 1}-... (comma-separated)")
+    return out
+
+
 def lr_variants(config: str, extra: list[str], overrides: list[str], factors: list[float]) -> dict[str, list[str]]:
     """Configuration `config` at its learning rate times each factor: name `<config>-lrx<f>`
     (a dot written as p: `no_buffer-lrx0p5`), overrides + `algo.lr=<lr x f>`."""
@@ -326,18 +382,20 @@ def _best(parent, record: dict[str, Any], baseline: str, log) -> str | None:
 def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None = None,
           overrides: list[str] | None = None, name: str = "sweep", grid: str | None = None,
           lr_factors: list[float] | None = None, baseline: str = DEFAULT_BASELINE, report: bool = True,
-          mu: float = 5.28, lr_seeds: int | None = None) -> dict[str, Any]:
+          mu: float = 5.28, lr_seeds: int | None = None, selection_seeds: list[int] | None = None) -> dict[str, Any]:
     """Train every configuration (name -> Hydra overrides) with every seed, as child runs;
     `overrides` apply to all of them. Without `configs`, the grid `grid` (default "default").
 
     Two stages when there are learning-rate factors: (1) every configuration; (2) the
-    baseline and the best buffer configuration of stage 1 (fewest generated tokens to the
-    baseline's peak held-out accuracy) at their learning rate times each factor, as
+    baseline and the best buffer configuration of stage 1 (replay_pipeline.report.best_config)
+    at their learning rate times each factor, as
     configurations of the same family (the report draws each family's Pareto frontier). Then
     the report (replay_pipeline.report: plots, report.md) on the parent run."""
     if lr_seeds is None and (grid is not None or configs is None):
         lr_seeds = GRIDS[grid or "default"].lr_seeds
+    given = configs is not None
     configs, seeds, overrides, factors = settle(grid, configs, seeds, overrides, lr_factors)
+    held_out = protocol(seeds, selection_seeds, grid, given)
     configs = equal_budget(configs, overrides, baseline)
     sweep_id = uuid.uuid4().hex[:6]
     children = plan(configs, seeds, overrides, name, sweep_id)
@@ -347,7 +405,7 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
     results: list[dict[str, Any]] = []
     families = {c: c for c in configs}
     out = {"name": name, "sweep_id": sweep_id, "mlflow_run_id": parent.run_id, "baseline": baseline,
-           "families": families, "lr_factors": factors, "children": results}
+           "families": families, "lr_factors": factors, "protocol": held_out, "children": results}
     _run_children(children, parent, results)
     if factors and baseline in configs:
         best = _best(parent, out, baseline, print)
@@ -411,8 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", type=_config_arg, default=None, metavar="NAME=OVERRIDES",
                         help="a configuration: its name and comma-separated Hydra overrides (repeat); "
                              "replaces the grid's configurations")
-    parser.add_argument("--seeds", type=_list_arg(int), default=None, metavar="S1,S2,...",
-                        help="comma-separated seeds (default: the grid's)")
+    parser.add_argument("--seeds", "--confirmation-seeds", type=_list_arg(int), default=None, metavar="S1,S2,...",
+                        dest="seeds", help="comma-separated seeds the sweep runs and reports (default: the grid's)")
+    parser.add_argument("--selection-seeds", type=_list_arg(int), default=None, metavar="S1,S2,...",
+                        help="the seeds whose runs chose these configurations (default: the grid's record; "
+                             "must be disjoint from --seeds): the report reads the sweep as their confirmation")
     parser.add_argument("--lr-factors", type=_list_arg(float), default=None, metavar="F1,F2,...",
                         help="comma-separated learning-rate factors of the second stage (default: the grid's; "
                              "'' for none)")
@@ -425,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs, seeds, overrides, factors = settle(args.grid, dict(args.config) if args.config else None,
                                                     args.seeds, args.overrides, args.lr_factors)
+        protocol(seeds, args.selection_seeds, args.grid, bool(args.config))
         configs = equal_budget(configs, overrides, args.baseline)
         plan(configs, seeds, overrides, args.name, "check")  # fail before Prefect starts
         if factors and args.baseline in configs:
@@ -436,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = sweep(configs=dict(args.config) if args.config else None, seeds=args.seeds, overrides=args.overrides,
                 name=args.name, grid=args.grid, lr_factors=args.lr_factors, baseline=args.baseline,
-                report=not args.no_report, mu=args.mu)
+                report=not args.no_report, mu=args.mu, selection_seeds=args.selection_seeds)
     for r in out["children"]:
         print(f"{r['run_id']:<48} {r['status']:<9} held-out accuracy {r.get('accuracy_after')}")
     print(f"MLflow parent run {out['mlflow_run_id']}")

@@ -27,13 +27,25 @@ Decisions:
   linear interpolation) of accuracy and pass@k over the seeds that logged that step, and the
   median of each compute measure there. Peak and final accuracy are read off the median
   curve; final pass@k is the median curve's value at the last step pass@k was logged.
-* **Compute to reach the baseline's peak.** The peak is the maximum of the baseline's median
-  accuracy curve. A configuration reaches it at its first evaluation step whose median
+* **Compute to reach the baseline's peak, on the median curves.** The peak is the maximum of
+  the baseline's median accuracy curve. A configuration reaches it at its first evaluation step whose median
   accuracy is >= the peak (1e-9 tolerance); the compute is the median compute there, and the
   ratio divides by the baseline's median compute at its own (first) peak step. No such step:
   "not reached" (None in report.json). A baseline that peaks at step 0 has no ratio (None).
-* **Best buffer configuration**: the non-baseline configuration that reaches the peak with
-  the fewest generated tokens; ties go to the lower projected compute.
+* **Per-seed crossings** (replay_pipeline/evidence.py): the target is the baseline's median
+  peak, or a stated accuracy (`target`, `--target`); each seed's compute at its first
+  evaluation at or above it, interpolated linearly from the evaluation before, their median and
+  IQR (a seed that never reaches counts as infinite), and the ratio of the median to the
+  baseline's with a 95% seed-bootstrap interval; the grid's resolution (median compute between
+  evaluations) beside them. The median-curve reading above stays, beside it. A baseline whose
+  median peak is its last evaluation is flagged "still rising". Every configuration's target
+  replay ratio K x B / R and gamma at the projection mu are stated.
+* **Best buffer configuration**: the non-baseline configuration (outside the baseline's
+  family) with the lowest median per-seed crossing in projected compute (ties: generated
+  tokens); configurations within one evaluation interval of it are named as ties.
+* **Protocol**: sweep.json's `protocol` (flows/sweep.py) says which seeds chose the
+  configurations and how many were tried; the report says whether this sweep's seeds are a
+  held-out confirmation, or that nothing was held out.
 * **Pareto frontier per family** (configurations that differ only in learning rate): the
   points (median compute, median accuracy) of the family's median curves that no other point
   beats with less or equal compute; the frontier reaches the peak at its first point >= it.
@@ -66,7 +78,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from replay_pipeline import planner
+from replay_pipeline import evidence, planner
 from replay_pipeline.config import LoopConfig
 from replay_pipeline.runs import RunPaths
 
@@ -344,7 +356,45 @@ def _config_summary(children: Sequence[Child], mu: float) -> tuple[dict[str, Any
     return {"runs": len(children), "seeds": sorted(c.seed for c in children),
             "peak_step": peak, "peak_accuracy": _at(curve, peak, ACCURACY),
             "final_step": last, "final_accuracy": _at(curve, last, ACCURACY),
-            "final_pass_at_k": _pass_at_k(curve), "final_mu": _final_mu(children)}, curve
+            "final_pass_at_k": _pass_at_k(curve), "final_mu": _final_mu(children),
+            "design": _design_of(children, mu)}, curve
+
+
+def _design_of(children: Sequence[Child], mu: float) -> dict[str, Any]:
+    """R, B, K, the target replay ratio K x B / R and gamma at the projection mu (from the
+    first child's params; the project's defaults for what is not logged)."""
+    loop = LoopConfig()
+    p = children[0].params if children else {}
+
+    def get(key: str, default: int) -> int:
+        try:
+            return int(p.get(f"loop.{key}", default))
+        except (TypeError, ValueError):
+            return default
+
+    R = get("prompts_per_step", loop.prompts_per_step) * get("group_size", loop.group_size)
+    B, K = get("minibatch_size", loop.minibatch_size), get("updates_per_step", loop.updates_per_step)
+    ratio = K * B / R
+    return {"R": R, "B": B, "K": K, "replay_ratio": ratio, "gamma": evidence.gamma(mu, ratio), "gamma_mu": mu}
+
+
+def crossings(children: Sequence[Child], mu: float, target: float, keys: Sequence[str]) -> dict[str, dict[int, Any]]:
+    """Per compute measure, each seed's interpolated first crossing of `target` (None: never)."""
+    tables = [(c.seed, eval_table(c.history, mu)) for c in children]
+    return {k: {seed: evidence.crossing(t[k].to_numpy(), t[ACCURACY].to_numpy(), target) for seed, t in tables}
+            for k in keys}
+
+
+def _evidence(per_seed: Mapping[str, Mapping[int, Any]], base: Mapping[str, Mapping[int, Any]],
+              curve: pd.DataFrame, n_boot: int) -> dict[str, Any]:
+    """Per measure: the per-seed crossings, their median and IQR, the ratio of the median to
+    the baseline's with its seed-bootstrap interval, and the grid's resolution."""
+    out = {}
+    for k, seeds in per_seed.items():
+        out[k] = {"per_seed": {str(s): v for s, v in sorted(seeds.items())}, **evidence.spread(list(seeds.values())),
+                  "ratio": evidence.ratio_interval(list(seeds.values()), list(base[k].values()), n_boot=n_boot),
+                  "resolution": evidence.resolution(curve[("median", k)].to_numpy())}
+    return out
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -376,19 +426,28 @@ def _frontier_reach(points: Sequence[dict[str, Any]], target: float, base: float
     return None if hit is None else {**hit, "ratio": _ratio(hit["compute"], base)}
 
 
-def best_config(configs: Mapping[str, Mapping[str, Any]], baseline: str) -> str | None:
+def best_config(configs: Mapping[str, Mapping[str, Any]], baseline: str) -> tuple[str | None, list[str]]:
     """The buffer configuration (outside the baseline's family: its learning-rate variants are
-    on-policy runs too) that reaches the baseline's peak with the fewest generated tokens
-    (ties: the lower projected compute); None if none reaches it."""
-    def key(name: str) -> tuple[float, float]:
-        to = configs[name]["to_baseline_peak"]
-        projected = (to.get("projected") or {}).get("compute")
-        return to["tokens"]["compute"], math.inf if projected is None else projected
+    on-policy runs too) with the lowest median per-seed crossing of the target in projected
+    compute (ties: generated tokens), and the configurations within one evaluation interval of
+    it (the coarser of the two: replay_pipeline.evidence.apart), which the report names as
+    ties. (None, []) if no configuration's median seed reaches the target."""
+    def crossing(name: str, key: str) -> float | None:
+        return configs[name]["evidence"][key]["median"]
 
     family = configs[baseline].get("family", baseline) if baseline in configs else baseline
     reached = [n for n, c in configs.items() if n != baseline and c.get("family", n) != family
-               and (c["to_baseline_peak"].get("tokens") or {}).get("compute") is not None]
-    return min(reached, key=key) if reached else None
+               and crossing(n, "projected") is not None]
+    if not reached:
+        return None, []
+    best = min(reached, key=lambda n: (crossing(n, "projected"), crossing(n, "tokens") or math.inf))
+
+    def step(name: str) -> float | None:
+        return configs[name]["evidence"]["projected"]["resolution"]
+
+    ties = [n for n in reached if n != best and not evidence.apart(
+        crossing(n, "projected"), crossing(best, "projected"), max(filter(None, (step(n), step(best))), default=None))]
+    return best, ties
 
 
 def replay_payoff(mu: float | None, R: int, B: int) -> dict[str, Any] | None:
@@ -446,7 +505,7 @@ def _sweep_info(sweep: Sweep) -> dict[str, Any]:
     return {"name": sweep.record.get("name"), "sweep_id": sweep.record.get("sweep_id"),
             "parent_run_id": sweep.parent_run_id, "baseline": sweep.baseline, "families": sweep.families,
             "seeds": sorted({int(c["seed"]) for c in sweep.record["children"]}),
-            "shared_overrides": shared, "configs": own}
+            "shared_overrides": shared, "configs": own, "protocol": sweep.record.get("protocol")}
 
 
 def _mu_info(sweep: Sweep, mu: float) -> dict[str, Any]:
@@ -457,19 +516,26 @@ def _mu_info(sweep: Sweep, mu: float) -> dict[str, Any]:
             "payoff_measured": replay_payoff(measured, R, B), "payoff_projection": replay_payoff(mu, R, B)}
 
 
-def summarise(sweep: Sweep, mu: float = DEFAULT_MU) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """Every number of the report (report.json) and each config's aggregated curve."""
+def summarise(sweep: Sweep, mu: float = DEFAULT_MU, target: float | None = None,
+              n_boot: int = 10_000) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """Every number of the report (report.json) and each config's aggregated curve.
+    `target`: the accuracy the per-seed crossings are read at (default: the baseline's median
+    peak)."""
     keys = [m.key for m in measures(mu)]
-    configs, curves = {}, {}
+    configs, curves, members = {}, {}, {}
     for name in sweep.configs:
         if children := [ch for ch in sweep.children if ch.config == name]:
             configs[name], curves[name] = _config_summary(children, mu)
+            members[name] = children
     b = configs[sweep.baseline]
     peak = b["peak_accuracy"]["median"]
     base = {k: _number(curves[sweep.baseline].loc[b["peak_step"], ("median", k)]) for k in keys}
+    goal = peak if target is None else float(target)
+    base_cross = crossings(members[sweep.baseline], mu, goal, keys)
     for name, curve in curves.items():
-        configs[name] |= {"family": sweep.families[name], "to_baseline_peak": _to_peak(curve, peak, base, keys)}
-    best = best_config(configs, sweep.baseline)
+        configs[name] |= {"family": sweep.families[name], "to_baseline_peak": _to_peak(curve, peak, base, keys),
+                          "evidence": _evidence(crossings(members[name], mu, goal, keys), base_cross, curve, n_boot)}
+    best, ties = best_config(configs, sweep.baseline)
     summary = {
         "sweep": _sweep_info(sweep),
         "measures": {m.key: {"label": m.name, "unit": m.unit} for m in measures(mu)},
@@ -479,7 +545,11 @@ def summarise(sweep: Sweep, mu: float = DEFAULT_MU) -> tuple[dict[str, Any], dic
         "configs": configs,
         "curves": {n: _curve_rows(c) for n, c in curves.items()},
         "frontiers": _frontiers(sweep, curves, peak, base),
-        "best": None if best is None else {"config": best, **configs[best]["to_baseline_peak"]},
+        "target": {"accuracy": goal, "source": "stated (--target)" if target is not None else "the baseline's median peak",
+                   "baseline_still_rising": b["peak_step"] == b["final_step"]},
+        "best": None if best is None else {"config": best, "ties": ties, "chosen_by": "projected",
+                                           **configs[best]["to_baseline_peak"],
+                                           "evidence": configs[best]["evidence"]},
         "mu": _mu_info(sweep, mu),
         "notes": list(sweep.notes),
     }
@@ -672,9 +742,23 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _protocol_lines(s: Mapping[str, Any]) -> list[str]:
+    p = s.get("protocol") or {}
+    if not p.get("selection_seeds"):
+        return ["**Protocol: nothing held out.** No selection seeds are recorded: the configurations may "
+                "have been chosen on these very runs, so read this sweep as exploration, not as a "
+                "confirmation.", ""]
+    tried = ", ".join(f"{p[k]} {w}" for k, w in (("configs_tried", "configurations"), ("variants_tried", "variants"))
+                      if p.get(k) is not None)
+    return [f"**Protocol: held out.** The configurations were chosen on seeds "
+            f"{', '.join(map(str, p['selection_seeds']))} ({p.get('chosen_on') or 'as recorded'}"
+            + (f"; {tried} tried" if tried else "") + "); this report reads seeds "
+            f"{', '.join(map(str, s['seeds']))}, none of which was used to choose.", ""]
+
+
 def _swept(summary: dict[str, Any]) -> list[str]:
     s = summary["sweep"]
-    lines = ["## What was swept", "",
+    lines = ["## What was swept", "", *_protocol_lines(s),
              f"Seeds: {', '.join(map(str, s['seeds']))}. Shared overrides: "
              f"`{' '.join(s['shared_overrides']) or '(none)'}`. Baseline: `{s['baseline']}`.", "",
              "| config | family | overrides | finished runs |", "|---|---|---|---|"]
@@ -684,16 +768,61 @@ def _swept(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ratio_text(r: Mapping[str, Any]) -> str:
+    if r["ratio"] is None and r["low"] is None:
+        return "undefined"
+    point = "not reached by the median seed" if r["ratio"] is None else f"{r['ratio']:.2f}"
+    low = _fmt(r["low"], ".2f")
+    return f"{point} [{low}, {'inf' if r['high'] == math.inf else _fmt(r['high'], '.2f')}]"
+
+
+def _evidence_lines(summary: dict[str, Any]) -> list[str]:
+    t, ms = summary["target"], measures(summary["projection_mu"])
+    head = ["config", "replay ratio", f"gamma at mu={summary['projection_mu']:g}", "seeds reached",
+            *(x for m in ms for x in (f"{m.name}: median crossing [IQR]", "ratio [95% CI]"))]
+    lines = ["## Per-seed crossings", "",
+             f"Target: accuracy {t['accuracy']:.3f} ({t['source']}). Each seed's compute at its first evaluation at "
+             "or above the target, interpolated linearly from the evaluation before; median and IQR over seeds "
+             "(a seed that never reaches counts as infinite); ratio = median / the baseline's median, with a "
+             "95% seed-bootstrap interval.", ""]
+    if t["baseline_still_rising"]:
+        lines += ["**The baseline is still rising**: its median peak is its last evaluation, so the target is not "
+                  "the accuracy it would plateau at. Read the ratio with a stated `--target` below that, or run "
+                  "the baseline longer.", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, c in summary["configs"].items():
+        d, ev = c["design"], c["evidence"]
+        cells = [name, f"{d['replay_ratio']:.2f}", f"{d['gamma']:.2f}", f"{ev['tokens']['reached']}/{ev['tokens']['seeds']}"]
+        for m in ms:
+            e = ev[m.key]
+            cells += [f"{_fmt(e['median'], m.fmt, 'not reached')} [{_fmt(e['q25'], m.fmt, 'inf')}, "
+                      f"{_fmt(e['q75'], m.fmt, 'inf')}]", _ratio_text(e["ratio"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    base_ev = summary["configs"][summary["baseline"]["config"]]["evidence"]
+    if base_ev["tokens"]["median"] is None:
+        lines += ["", f"**No ratio**: only {base_ev['tokens']['reached']} of the baseline's {base_ev['tokens']['seeds']} "
+                  "seeds reach the target, so its median seed never does; read the crossings at a lower "
+                  "`--target` (python -m flows.report PARENT_RUN_ID --target ACCURACY)."]
+    lines += ["", "Resolution (median compute between evaluations, the baseline's): "
+              + ", ".join(f"{m.name} {_fmt(base_ev[m.key]['resolution'], m.fmt)}" for m in ms) + "."]
+    return lines + [""]
+
+
 def _best_lines(summary: dict[str, Any]) -> list[str]:
     best = summary["best"]
     lines = ["## Best buffer configuration", ""]
     if best is None:
-        return lines + ["No buffer configuration reached the baseline's peak accuracy.", ""]
-    lines += [f"**{best['config']}** (the fewest generated tokens to the baseline's peak "
-              f"{summary['baseline']['peak_accuracy']:.3f}):", ""]
+        return lines + [f"No buffer configuration's median seed reached the target {summary['target']['accuracy']:.3f}.",
+                        ""]
+    lines += [f"**{best['config']}** (the lowest median per-seed crossing of the target "
+              f"{summary['target']['accuracy']:.3f} in projected compute"
+              + (f"; within one evaluation interval of it, a tie: {', '.join(best['ties'])}" if best["ties"] else "")
+              + "):", ""]
     for m in measures(summary["projection_mu"]):
-        lines += [f"{m.name}: compute ratio {best[m.key]['ratio']:.2f}" if best[m.key]["ratio"] is not None
-                  else f"{m.name}: compute ratio undefined (the baseline peaked at step 0)", ""]
+        lines += [f"{m.name}: compute ratio {_ratio_text(best['evidence'][m.key]['ratio'])} (per-seed crossings); "
+                  + (f"{best[m.key]['ratio']:.2f} read off the median curves"
+                     if best[m.key] is not None and best[m.key]["ratio"] is not None
+                     else "the median curve does not reach the baseline's peak"), ""]
     return lines
 
 
@@ -757,7 +886,7 @@ def render_markdown(summary: dict[str, Any], plots: Sequence[str]) -> str:
              _table(summary), "",
              *(f"- {m.name}: {m.unit}" for m in ms),
              "- Evaluations at step E are paired with the compute of the first E rounds.", "",
-             *_best_lines(summary), *_mu_lines(summary), *_details(summary), "", *_frontier_lines(summary), "",
+             *_evidence_lines(summary), *_best_lines(summary), *_mu_lines(summary), *_details(summary), "", *_frontier_lines(summary), "",
              "## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
     if summary["notes"]:
         lines += ["## Notes", "", *(f"- {n}" for n in summary["notes"]), ""]
@@ -776,7 +905,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def build_report(uri: str, parent_run_id: str, *, mu: float = DEFAULT_MU, out: str | Path | None = None,
-                 root: str | Path = "runs", baseline: str | None = None) -> Report:
+                 root: str | Path = "runs", baseline: str | None = None, target: float | None = None) -> Report:
     """Read the sweep under MLflow run ``parent_run_id`` at ``uri``, write report.md, report.json
     and the plots to ``out`` (default ``<root>/reports/<name>-<sweep_id>``) and log them to the
     parent run under ``report/``."""
@@ -786,7 +915,9 @@ def build_report(uri: str, parent_run_id: str, *, mu: float = DEFAULT_MU, out: s
     if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
         raise ReportError(f"mu={mu!r} must be a finite number > 0 (the paper's Qwen2.5-7B figure is 5.28)")
     sweep = load(uri, parent_run_id, baseline)
-    summary, curves = summarise(sweep, mu)
+    if target is not None and not (isinstance(target, (int, float)) and 0 <= target <= 1):
+        raise ReportError(f"target={target!r} must be an accuracy in [0, 1], e.g. --target 0.5")
+    summary, curves = summarise(sweep, mu, target)
     dists, notes = distributions(sweep.children)
     summary["distributions"], summary["notes"] = dists, summary["notes"] + notes
     out = Path(out) if out else (Path(root).expanduser().resolve() / "reports"

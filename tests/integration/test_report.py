@@ -230,24 +230,69 @@ def test_frontier_per_family(built):
     assert f["slow"]["seconds"]["to_baseline_peak"] is None
 
 
-def test_best_config_ties_go_to_projected():
-    def c(tokens, projected):
-        return {"to_baseline_peak": {"tokens": {"compute": tokens}, "projected": {"compute": projected}}}
+def test_best_config_is_chosen_on_projected_compute_with_ties_inside_one_interval():
+    def c(tokens, projected, resolution=10.0, family=None):
+        ev = {"tokens": {"median": tokens, "resolution": resolution},
+              "projected": {"median": projected, "resolution": resolution}}
+        return {"evidence": ev} | ({"family": family} if family else {})
 
-    configs = {"base": c(10, 10), "a": c(5, 9), "b": c(5, 7), "c": {"to_baseline_peak": {"tokens": None}}}
-    assert report.best_config(configs, "base") == "b"
-    assert report.best_config({"base": c(1, 1)}, "base") is None
+    configs = {"base": c(100, 100), "a": c(50, 90), "b": c(60, 70), "c": c(40, 75), "d": c(None, None)}
+    assert report.best_config(configs, "base") == ("b", ["c"])  # c is 5 away: inside one interval of 10
+    assert report.best_config({**configs, "c": c(40, 85)}, "base") == ("b", [])
+    assert report.best_config({"base": c(1, 1)}, "base") == (None, [])
     # The baseline's learning-rate variants are on-policy runs, never "the best buffer configuration".
-    lr_variant = {**c(1, 1), "family": "base"}
-    assert report.best_config({**configs, "base-lrx2": lr_variant}, "base") == "b"
+    assert report.best_config({**configs, "base-lrx2": c(1, 1, family="base")}, "base") == ("b", ["c"])
+
+
+def test_per_seed_crossings_at_the_baselines_peak(built):
+    """Target 0.6 (the baseline's median peak at step 10, not its last evaluation). Baseline
+    seeds: never, never, 900 (0.52 at 500 -> 0.62 at 1000), 500 (0.6 at step 5): the median seed
+    does not reach it, so no ratio exists; the report says so rather than inventing one."""
+    s = built.summary
+    assert s["target"] == {"accuracy": pytest.approx(0.6), "source": "the baseline's median peak",
+                           "baseline_still_rising": False}
+    base = s["configs"]["no_buffer"]["evidence"]["tokens"]
+    assert base["per_seed"] == {"0": None, "1": None, "2": pytest.approx(900), "3": pytest.approx(500)}
+    assert (base["median"], base["reached"], base["seeds"]) == (None, 2, 4)
+    replay = s["configs"]["replay"]["evidence"]["tokens"]
+    assert replay["per_seed"] == {"0": None, "1": pytest.approx(490), "2": pytest.approx(255 + 255 * 3 / 7),
+                                  "3": pytest.approx(240)}
+    assert replay["median"] == pytest.approx((490 + 255 + 255 * 3 / 7) / 2)
+    assert replay["ratio"]["ratio"] is None and replay["ratio"]["high"] is None
+    assert replay["resolution"] == pytest.approx(50 * 5)  # 5 rounds between evaluations at the median seed's 50 tokens a round
+    assert s["configs"]["replay"]["design"] == {"R": 64, "B": 64, "K": 2, "replay_ratio": 2.0,
+                                                "gamma": pytest.approx((1 + 5.28 / 2) / 6.28), "gamma_mu": 5.28}
+    assert s["best"]["config"] == "replay" and s["best"]["ties"] == [] and s["best"]["chosen_by"] == "projected"
+    md = built.path.read_text()
+    assert "## Per-seed crossings" in md and "Target: accuracy 0.600 (the baseline's median peak)" in md
+    assert "| replay | 2.00 | 0.58 | 3/4 |" in md and "still rising" not in md
+    assert "**No ratio**: only 2 of the baseline's 4 seeds reach the target" in md
+
+
+def test_per_seed_crossings_at_a_stated_target_give_a_ratio_with_an_interval(store):
+    """Target 0.55. Baseline seeds: never, 850, 650, 375 -> median 750, q25 581.25. Replay seeds
+    (45, 49, 51, 60 tokens a round): 675, 315, 234.6, 180 -> median 274.8, ratio 0.3664."""
+    s, _ = report.summarise(report.load(store["uri"], store["parent"]), target=0.55, n_boot=2000)
+    base = s["configs"]["no_buffer"]["evidence"]["tokens"]
+    assert base["per_seed"] == {"0": None, "1": pytest.approx(850), "2": pytest.approx(650), "3": pytest.approx(375)}
+    assert (base["median"], base["q25"], base["q75"]) == (pytest.approx(750), pytest.approx(581.25), None)
+    replay = s["configs"]["replay"]["evidence"]["tokens"]
+    assert [replay["per_seed"][k] for k in "0123"] == pytest.approx([675, 315, 234.6, 180])
+    r = replay["ratio"]
+    assert r["ratio"] == pytest.approx((315 + 234.6) / 2 / 750)
+    assert r["low"] <= r["ratio"] <= r["high"] and (r["level"], r["n_boot"]) == (0.95, 2000)
+    assert s["target"]["source"] == "stated (--target)"
 
 
 def test_markdown_report(built):
     md = built.path.read_text()
     assert built.path.name == "report.md"
-    for line in ("generated tokens: compute ratio 0.50", "measured seconds: compute ratio 0.75",
-                 f"{PROJECTED}: compute ratio 0.74"):
+    # At the baseline's median peak the median baseline seed never gets there: no per-seed ratio,
+    # and the median-curve reading beside it.
+    for name, ratio in (("generated tokens", "0.50"), ("measured seconds", "0.75"), (PROJECTED, "0.74")):
+        line = f"{name}: compute ratio undefined (per-seed crossings); {ratio} read off the median curves"
         assert re.search(f"^{re.escape(line)}$", md, re.M), line
+    assert "**Protocol: nothing held out.**" in md  # this sweep.json records no selection seeds
     assert "**replay**" in md and "| replay | replay | `experiment=replay` | 4 |" in md
     assert "Shared overrides: `loop.steps=20`" in md and "Seeds: 0, 1, 2, 3" in md
     assert "median of the final compute/mu of 12 finished runs): 1.05" in md

@@ -99,16 +99,20 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
         assert (configs, seeds, factors) == (grid.configs, grid.seeds, grid.lr_factors)
         assert len(plan(configs, seeds, overrides, name, "x")) == len(configs) * len(seeds)
     assert "no_buffer" in GRIDS["default"].configs and len(GRIDS["default"].seeds) >= 4
-    # the headline grid: the default grid's runs of the same names, at 10 seeds including its own
+    # the headline grid: the default grid's configurations of the same names and the controls, at
+    # 10 confirmation seeds disjoint from the seeds that chose them
     head, default = GRIDS["headline"], GRIDS["default"]
-    assert len(head.seeds) == 10 and set(default.seeds) <= set(head.seeds) and head.lr_factors == []
+    assert len(head.seeds) == 10 and not set(head.seeds) & set(head.selection["seeds"]) and head.lr_factors == []
+    assert set(head.selection["seeds"]) == set(default.seeds)
     assert head.overrides == default.overrides and "no_buffer" in head.configs
-    assert all(default.configs[name] == extra for name, extra in head.configs.items())
+    assert {"no_buffer_r32", "onpolicy_prio_r32_b32"} <= set(head.configs)
+    assert all(default.configs[name] == extra for name, extra in head.configs.items() if name in default.configs)
     # the long grid: headline runs at three times the budget, evaluated as often per rollout
     long = GRIDS["long"]
     assert "no_buffer" in long.configs and len(long.configs) >= 2 and long.lr_factors == []
+    assert {"no_buffer_r32", "onpolicy_prio_r32_b32"} <= set(long.configs)
     assert all(head.configs[name] == extra for name, extra in long.configs.items())
-    assert long.seeds == head.seeds
+    assert long.seeds == head.seeds and not set(long.seeds) & set(long.selection["seeds"])
     assert len(long.overrides) == len(default.overrides)
     assert all(o == d or o.startswith("loop.steps=") for o, d in zip(long.overrides, default.overrides))
     assert resolve_config(long.overrides).loop.steps == 3 * resolve_config(default.overrides).loop.steps
@@ -121,6 +125,36 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
         settle("huge", None, None, None, None)
     with pytest.raises(ConfigError, match=r"factors \[1.0, -2.0\]"):
         settle(None, {"a": []}, None, None, [1, -2])
+
+
+def test_the_onpolicy_control_draws_by_advantage_from_the_fresh_batch_only():
+    from flows.sweep import GRIDS
+
+    cfg = resolve_config(GRIDS["headline"].configs["onpolicy_prio_r32_b32"])
+    rollouts = cfg.loop.prompts_per_step * cfg.loop.group_size
+    assert cfg.buffer.strategy == "prioritized" and cfg.buffer.positive_bias == 0
+    assert cfg.buffer.capacity == rollouts == cfg.loop.minibatch_size * cfg.loop.updates_per_step == 32
+
+
+def test_the_held_out_protocol_refuses_confirming_on_the_seeds_that_chose():
+    from flows.sweep import protocol
+
+    p = protocol(list(range(10, 20)), None, "headline", False)
+    assert p["selection_seeds"] == [0, 1, 2, 3] and p["confirmation_seeds"] == list(range(10, 20))
+    assert p["configs_tried"] == 9 and "default grid" in p["chosen_on"]
+    with pytest.raises(ConfigError, match=r"seeds \[3\] both chose the configurations"):
+        protocol([3, 4], None, "headline", False)
+    with pytest.raises(ConfigError, match="never used to choose"):
+        protocol([0, 1], [1, 2], None, True)
+    assert protocol([0, 1], None, None, True)["selection_seeds"] is None  # explicit configs: nothing held out
+    assert protocol([5], [0, 1], None, True)["chosen_on"] == "as given (--selection-seeds)"
+
+
+def test_sweep_cli_refuses_overlapping_selection_and_confirmation_seeds(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "flows.sweep", "--grid", "headline", "--seeds", "2,11",
+                           f"tracking.root_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "seeds [2] both chose the configurations" in proc.stderr, proc.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_equal_budget_gives_every_configuration_the_baselines_generated_rollouts():
