@@ -88,10 +88,12 @@ class Grid:
 def _shared(steps: int, eval_every: int = 10) -> list[str]:
     """Settings every child of a built-in grid shares: `steps` baseline steps (short enough for
     the grid's budget), held-out greedy accuracy every `eval_every` often enough to see when a
-    run reaches the baseline's peak, pass@k and a checkpoint at the end only. (Nothing that
+    run reaches the baseline's peak, pass@k (the paper's: top_p 0.95, pass@1 over 4 samples)
+    at every other evaluation through training, so the report can read the maximum over
+    training of the median pass@k curve, and a checkpoint at the end only. (Nothing that
     changes the task's split, such as task.heldout_size: that would warm-start a new model
     instead of reusing the cached one.)"""
-    return [f"loop.steps={steps}", f"loop.eval_every={eval_every}", "loop.passk_every=0",
+    return [f"loop.steps={steps}", f"loop.eval_every={eval_every}", f"loop.passk_every={2 * eval_every}",
             "loop.checkpoint_every=0", "tracking.progress=false"]
 
 #: What the default grid's half-generation configurations share (see there).
@@ -234,7 +236,7 @@ def plan(configs: dict[str, list[str]], seeds: list[int], overrides: list[str], 
 
 #: What `equal_budget` scales: the run's length and how often it is evaluated, both counted in
 #: generation steps.
-_BUDGET_KEYS = ("steps", "eval_every")
+_BUDGET_KEYS = ("steps", "eval_every", "passk_every")
 
 
 def equal_budget(configs: dict[str, list[str]], overrides: list[str], baseline: str) -> dict[str, list[str]]:
@@ -242,7 +244,7 @@ def equal_budget(configs: dict[str, list[str]], overrides: list[str], baseline: 
     fewer (or more) rollouts per step than the baseline (loop.prompts_per_step x
     loop.group_size) runs proportionally more (or fewer) steps, rounded up, and is evaluated
     at the same interval of generated rollouts: its `loop.steps` and `loop.eval_every` are
-    scaled by baseline rollouts / its rollouts (the baseline's own values when it sets them:
+    scaled by baseline rollouts / its rollouts (and `loop.passk_every` with them) (the baseline's own values when it sets them:
     a configuration of the same size then runs as long). So every child generates as many rollouts as
     the baseline's run, and every curve is sampled at the same points of the generated-token
     axis (a configuration evaluated more often would get more chances at a noisy peak). A

@@ -23,6 +23,10 @@ import numpy as np
 from replay_pipeline.tasks.base import Prompt
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
+#: The paper's sampled evaluation (its appendix on evaluation): pass@k at temperature 1 with
+#: top_p 0.95, pass@1 at temperature 0.1 (top_p 0.95) over several samples a prompt.
+PAPER_TOP_P = 0.95
+PASS1_SAMPLES = 4
 
 
 # ------------------------------------------------------------------ pass@k (pure)
@@ -159,10 +163,11 @@ def evaluate_pass1(generator, task, prompts: Sequence[Prompt], *, temperature: f
 
 
 def evaluate_all(generator, task, prompts: Sequence[Prompt], *, n: int = 16,
-                 ks: Iterable[int] | None = None, seed: int = 0) -> dict[str, float]:
-    """Greedy accuracy + the paper's pass@1 (T = 0.1) + pass@k and entropy (T = 1).
-    `ks` defaults to the powers of two up to n (and n)."""
+                 ks: Iterable[int] | None = None, seed: int = 0, top_p: float = PAPER_TOP_P,
+                 pass1_samples: int = PASS1_SAMPLES) -> dict[str, float]:
+    """Greedy accuracy + the paper's pass@1 (T = 0.1, `pass1_samples` a prompt) + pass@k and
+    entropy (T = 1, `top_p`). `ks` defaults to the powers of two up to n (and n)."""
     ks = default_ks(n) if ks is None else tuple(ks)
     return {**evaluate_greedy(generator, task, prompts, seed=seed),
-            **evaluate_pass1(generator, task, prompts, seed=seed),
-            **evaluate_sampled(generator, task, prompts, n=n, ks=ks, seed=seed)}
+            **evaluate_pass1(generator, task, prompts, n=pass1_samples, seed=seed),
+            **evaluate_sampled(generator, task, prompts, n=n, ks=ks, top_p=top_p, seed=seed)}

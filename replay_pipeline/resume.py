@@ -40,7 +40,8 @@ from replay_pipeline.config import Config, ConfigError, flatten, load_config, va
 from replay_pipeline.runs import RunPaths
 
 #: Keys a resume may change: they do not alter what the run generates or learns.
-RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_samples",
+RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_samples", "loop.eval_top_p",
+             "loop.pass1_samples",
              "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress",
              "model.torch_threads", "model.device", "buffer.read_cache", "buffer.write_behind",
              "loop.engine", "loop.dask_address", "loop.heartbeat_timeout",

@@ -319,6 +319,12 @@ class LoopConfig:
     and after the last; 0: only before and after."""
     eval_samples: int = bounded(16, ge=1, integer=True)
     """Completions per held-out prompt for pass@k (k = 1, 2, 4, ... up to this)."""
+    eval_top_p: float = bounded(0.95, gt=0, le=1)
+    """Nucleus top_p of the sampled evaluation's pass@k at temperature 1: the paper's 0.95
+    (runs before 2026-12-01 sampled it at 1.0, plain sampling)."""
+    pass1_samples: int = bounded(4, ge=1, integer=True)
+    """Completions per held-out prompt for the paper's pass@1 at temperature 0.1, top_p 0.95:
+    several, as the paper's (runs before 2026-12-01 drew one)."""
     checkpoint_every: int = bounded(100, ge=0, integer=True, hint="0: only after the last")
     """Checkpoint every this many steps (and after the last); 0 only after the last."""
     keep_checkpoints: int = bounded(3, ge=1, integer=True)

@@ -272,15 +272,16 @@ class TrainingRun:
 
     def evaluate(self, step: int, sampled: bool = False) -> dict[str, float]:
         """Greedy held-out accuracy; with `sampled`, also the paper's pass@1 (temperature
-        0.1, top-p 0.95), pass@k at temperature 1 and the sampled entropy and length."""
+        0.1, top-p 0.95, loop.pass1_samples a prompt), pass@k at temperature 1 and top-p
+        loop.eval_top_p, and the sampled entropy and length."""
         start = time.perf_counter()
         metrics = evaluate_greedy(self.generator, self.task, self.heldout, seed=self.settings.seed)
         if sampled:
             seed = step_seed(self.settings.seed, self.policy_version, SEED_EVAL)
-            n = self.settings.loop.eval_samples
-            metrics |= evaluate_pass1(self.generator, self.task, self.heldout, seed=seed)
-            metrics |= evaluate_sampled(self.generator, self.task, self.heldout, n=n,
-                                        ks=default_ks(n), seed=seed)
+            loop = self.settings.loop
+            metrics |= evaluate_pass1(self.generator, self.task, self.heldout, n=loop.pass1_samples, seed=seed)
+            metrics |= evaluate_sampled(self.generator, self.task, self.heldout, n=loop.eval_samples,
+                                        ks=default_ks(loop.eval_samples), top_p=loop.eval_top_p, seed=seed)
         tokens = sum(metrics.get(k, 0.0) for k in ("eval/greedy_tokens", "eval/sample_tokens", "eval/pass1_tokens"))
         self.ledger.add(eval_seconds=time.perf_counter() - start, eval_tokens=tokens)
         metrics["eval/policy_version"] = float(self.policy_version)

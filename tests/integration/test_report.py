@@ -355,3 +355,14 @@ def test_cli_unknown_run_id(store, capsys):
     assert "error: no MLflow run 'ffff" in capsys.readouterr().err
     out, err = store["cli"].communicate(timeout=120)  # the real process, started by the fixture
     assert store["cli"].returncode == 2 and "error: no MLflow run 'ffff" in err and "Traceback" not in err
+
+
+def test_max_of_median_pass_at_k_is_read_where_the_median_curve_peaks():
+    import pandas as pd
+
+    runs = [pd.DataFrame({"eval/pass_at_16": [0.5, 0.9, 0.7]}, index=[0, 10, 20]),
+            pd.DataFrame({"eval/pass_at_16": [0.5, 0.7, 0.7]}, index=[0, 10, 20])]
+    curve = report.aggregate(runs)
+    peak, final = report._pass_at_k(curve, peak=True)[16], report._pass_at_k(curve)[16]
+    assert peak == {"step": 10, "median": pytest.approx(0.8), "q25": pytest.approx(0.75), "q75": pytest.approx(0.85)}
+    assert final["step"] == 20 and final["median"] == pytest.approx(0.7)

@@ -86,3 +86,24 @@ def test_every_objective_trains_from_the_stored_rollouts(root, algo):
     for key in ["learn/loss", "learn/entropy", "learn/truncated_frac", "learn/kl_behaviour",
                 "learn/grad_norm", "learn/staleness_mean"]:
         assert all(np.isfinite(m[key]) for m in metrics), key
+
+
+def test_the_sampled_evaluation_is_the_papers(root):
+    """pass@k at temperature 1 with loop.eval_top_p (the paper's 0.95 by default), pass@1 at
+    temperature 0.1, top_p 0.95 over loop.pass1_samples a prompt: the real generator's calls,
+    as the run's evaluate phase makes them."""
+    cfg = load_config([f"tracking.root_dir={root}", *TINY_OVERRIDES, "run_id=paper-eval", "loop.steps=1",
+                       "loop.eval_samples=4", "loop.pass1_samples=3"])
+    assert (load_config([]).loop.eval_top_p, load_config([]).loop.pass1_samples) == (0.95, 4)
+    run = build_run(cfg, log=lambda _: None, tracker=NullTracker())
+    calls, generate = [], run.generator.generate
+
+    def recorded(prompts, n, **kw):
+        calls.append((n, kw.get("temperature"), kw.get("top_p")))
+        return generate(prompts, n=n, **kw)
+
+    run.generator.generate = recorded
+    metrics = run.evaluate(0, sampled=True)
+    run.generator.generate = generate
+    assert (3, 0.1, 0.95) in calls and (4, 1.0, 0.95) in calls
+    assert 0 <= metrics["eval/pass_at_1_t01"] <= 1 and {"eval/pass_at_4", "eval/pass_at_2"} <= set(metrics)

@@ -169,9 +169,9 @@ def test_equal_budget_gives_every_configuration_the_baselines_generated_rollouts
                "broken": ["buffer.capacity=0"]}
     out = equal_budget(configs, shared, "base")
     assert out["base"] == configs["base"] and out["same"] == configs["same"]
-    assert out["half"] == [*configs["half"], "loop.steps=100", "loop.eval_every=20"]
-    assert out["third"] == [*configs["third"], "loop.steps=134", "loop.eval_every=27"]
-    assert out["own"] == [*configs["own"], "loop.eval_every=20"]  # its own steps stay
+    assert out["half"] == [*configs["half"], "loop.steps=100", "loop.eval_every=20", "loop.passk_every=200"]
+    assert out["third"] == [*configs["third"], "loop.steps=134", "loop.eval_every=27", "loop.passk_every=267"]
+    assert out["own"] == [*configs["own"], "loop.eval_every=20", "loop.passk_every=200"]  # its own steps stay
     assert out["broken"] == configs["broken"]                        # left for plan() to name
     del out["broken"]
     steps = {c.config: (c.overrides, c.seed) for c in plan(out, [0], shared, "t", "x")}
@@ -183,7 +183,8 @@ def test_equal_budget_gives_every_configuration_the_baselines_generated_rollouts
     longer = equal_budget({"base": ["experiment=no_buffer", "loop.steps=80"], "same": ["experiment=replay"],
                            "half": ["experiment=replay", "loop.prompts_per_step=4"]}, shared, "base")
     assert longer["same"] == ["experiment=replay", "loop.steps=80"]  # the baseline's own length, same size
-    assert longer["half"] == ["experiment=replay", "loop.prompts_per_step=4", "loop.steps=160", "loop.eval_every=20"]
+    assert longer["half"] == ["experiment=replay", "loop.prompts_per_step=4", "loop.steps=160", "loop.eval_every=20",
+                              "loop.passk_every=200"]
     assert equal_budget({"a": ["loop=async"], "b": ["loop.prompts_per_step=4"]}, shared, "b")["a"] == ["loop=async"]
 
 
