@@ -4,7 +4,7 @@
     python -m flows.plan --run RUN_ID                           # mu, R and B from a run
     python -m flows.plan --mu 5.28 --rollouts-per-step 128 --minibatch 32 --alpha 0.2 --json
 
-Prints the optimal staleness horizon x* = N/R and replay ratio y* = B/R, the buffer.capacity
+Prints the optimal staleness horizon x* (in learner updates: x = K N / R) and replay ratio y* = K B / R, the buffer.capacity
 and loop.updates_per_step that realise them for R rollouts per step and minibatches of B, as
 Hydra overrides for flows.train, and the model's predicted gamma (compute to a target over
 on-policy). The math is replay_pipeline.planner; this module parses, reads the run and prints.
@@ -47,7 +47,8 @@ examples:
   python -m flows.plan --run RUN_ID --root /data/replay-runs
   python -m flows.plan --mu 5.28 --rollouts-per-step 128 --minibatch 32 --alpha 0.2 --rho 0.1 --json
 
-The model: compute to a target ~ s(x) (y + mu)(1/y + rho + 1/x) with x = N/R, y = B/R and the
+The model: compute to a target ~ s(x) (y + mu)(1/y + rho + 1/x) with x = K N / R (learner
+updates), y = K B / R and the
 noise variance s(x) = x^(2 alpha); alpha and rho default to illustrative values, measure them.
 """
 
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m flows.plan", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Recommend buffer.capacity and loop.updates_per_step from the paper's compute "
-                    "model: the optimal staleness horizon x* = N/R and replay ratio y* = B/R for a "
+                    "model: the optimal staleness horizon x* (learner updates) and replay ratio y* = K B / R for a "
                     "generation/training cost ratio mu.",
         epilog=EXAMPLES)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -206,7 +207,9 @@ def current_design(inputs: dict[str, Any]) -> Optional[dict[str, Any]]:
         return None
     R = values["loop.prompts_per_step"] * values["loop.group_size"]
     # `fresh` samples only the newest batch whatever the capacity: x = 1
-    x = 1.0 if params.get("buffer.strategy") == "fresh" else values["buffer.capacity"] / R
+    # x counts learner updates: K updates share a round's R rollouts, so x = K N / R
+    x = 1.0 if params.get("buffer.strategy") == "fresh" else \
+        values["loop.updates_per_step"] * values["buffer.capacity"] / R
     y = values["loop.updates_per_step"] * values["loop.minibatch_size"] / R
     gamma = planner.predicted_gamma(inputs["mu"], x, y, planner.power_law_noise(inputs["alpha"]),
                                     inputs["rho"])
@@ -235,10 +238,10 @@ def render(result: planner.Plan, inputs: dict[str, Any]) -> str:
         f"  R      {R}  rollouts per step ({inputs['R_source']})",
         f"  B      {B}  rollouts per minibatch ({inputs['B_source']})",
         "",
-        f"optimum ({result.method}):  x* = N/R = {result.x_star:.4g}   y* = B/R = {result.y_star:.4g}"
+        f"optimum ({result.method}):  x* = {result.x_star:.4g} learner updates   y* = {result.y_star:.4g}"
         f"   predicted gamma {result.gamma_star:.3f}",
         f"recommended:  buffer.capacity = {result.capacity}   loop.updates_per_step = {result.updates_per_step}",
-        f"realised:     x = {result.x:.4g}   replay ratio y = K x B / R = {result.y:.4g}"
+        f"realised:     x = K N / R = {result.x:.4g} learner updates   replay ratio y = K x B / R = {result.y:.4g}"
         f"   predicted gamma {result.gamma:.3f}",
     ]
     current = current_design(inputs)
@@ -247,9 +250,11 @@ def render(result: planner.Plan, inputs: dict[str, Any]) -> str:
                      f"{current['updates_per_step']} ({current['strategy']}): x = {current['x']:.4g}   "
                      f"y = {current['y']:.4g}   predicted gamma {current['gamma']:.3f}")
     lines.append("  gamma: the model's predicted compute to reach a target, over on-policy (x = y = 1)")
-    if result.x_star * R < result.capacity - 0.5:
-        lines.append(f"  note: x* R = {result.x_star * R:.1f} < {result.capacity}, raised so that the window "
-                     "holds at least one batch and one minibatch")
+    lines.append("  x and x* count learner updates (the paper's unit): with K updates a round, the window "
+                 "N = x R / K keeps a rollout x updates")
+    if result.x_star * R / result.updates_per_step < result.capacity - 0.5:
+        lines.append(f"  note: x* R / K = {result.x_star * R / result.updates_per_step:.1f} < {result.capacity}, "
+                     "raised so that the window holds at least one batch and one minibatch")
         if result.x_star < 1:
             lines.append("        generation is cheap here (mu small), so the model says stay near on-policy")
     if inputs["prompts_per_step"] is None and R != DEFAULT_PROMPTS_PER_STEP * DEFAULT_GROUP_SIZE:

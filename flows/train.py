@@ -28,10 +28,9 @@ from __future__ import annotations
 import sys
 import time
 from typing import Any
-
-import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
 from uuid import UUID
 
+import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
 from omegaconf import OmegaConf
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -177,7 +176,7 @@ def _usage() -> str:
     for g in groups:
         options = sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))
         lines.append(f"  {g:<11} {', '.join(options)}")
-    lines += ["", "Every key, its default and its meaning: replay_pipeline/config.py "
+    lines += ["", "Every key, its default, its bound and its meaning: replay_pipeline/config/schema.py "
               "(or --cfg to print the resolved values).",
               "Examples:", "  python -m flows.train buffer.capacity=512 algo.lr=3e-4",
               "  python -m flows.train experiment=no_buffer loop.steps=100",

@@ -540,17 +540,17 @@ def steps_since_last_use_histogram(uri: str | Path, run_id: str, *, as_pandas: b
                                    storage_options: Mapping[str, str] | None = None) -> Any:
     """How many uses came each number of learner steps after the rollout's previous use:
     columns steps_since_last_use, uses, sorted. A rollout's first use has no previous use and
-    is not counted; nor is a repeat within one learner step (a draw with replacement), as in
-    the trainer's ``buffer/steps_since_last_use_mean``. Empty for a run without usage.
+    is not counted; a repeat within one learner step (a draw with replacement) counts 0, as
+    the paper counts it and as the run's ``buffer/steps_since_last_use_mean`` does. Empty for
+    a run without usage.
 
-    Vectorised: the distinct (rollout_seq, learner_step) pairs, sorted, differenced within
-    each rollout."""
+    Vectorised: every use's (rollout_seq, learner_step), sorted, differenced within each
+    rollout."""
     run = _Run(uri, run_id, storage_options)
     if run.usage is None:
         return _out(_histogram(pa.chunked_array([], pa.int64()), "steps_since_last_use", "uses"), as_pandas)
     used = run.usage.rows(columns=["rollout_seq", "learner_step"])
-    pairs = used.group_by(["rollout_seq", "learner_step"]).aggregate([]).sort_by(
-        [("rollout_seq", "ascending"), ("learner_step", "ascending")])
+    pairs = used.sort_by([("rollout_seq", "ascending"), ("learner_step", "ascending")])
     seq = pairs["rollout_seq"].to_numpy()
     step = pairs["learner_step"].to_numpy()
     gaps = np.diff(step)[seq[1:] == seq[:-1]]

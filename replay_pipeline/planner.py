@@ -3,9 +3,12 @@
 The model (PAPER.md, "Compute model"). Each synchronous step adds R fresh rollouts, the
 FIFO window holds the newest N, and the learner trains on B rollouts drawn uniformly from
 it. Costs are in units of training on one rollout, so a step costs B + mu R, where mu is
-the generation/training cost ratio (replay_pipeline.compute.ComputeLedger.mu). In this
-project B is the rollouts trained per step, updates_per_step x minibatch_size (K
-minibatches per step; DESIGN.md: replay ratio = K x B / R), so y = K B / R.
+the generation/training cost ratio (replay_pipeline.compute.ComputeLedger.mu). The paper's
+step is one learner update; this project's round takes K = loop.updates_per_step updates of
+B = loop.minibatch_size on R fresh rollouts, i.e. R / K fresh rollouts an update. In the
+paper's units, then, the replay ratio is y = B / (R / K) = K B / R (DESIGN.md) and the
+staleness horizon, counted in learner updates, is x = N / (R / K) = K N / R: `plan` sizes the
+window N = x* R / K (not x* R, which would keep rollouts K times too long for K > 1).
 
 Compute to reach a target is proportional to (cost per step) x (gradient-noise variance):
 
@@ -274,15 +277,18 @@ class Plan:
     minibatch_size: int
     """B = loop.minibatch_size."""
     x_star: float
-    """Optimal staleness horizon N/R (unconstrained, continuous)."""
+    """Optimal staleness horizon in learner updates (unconstrained, continuous): the paper's
+    x = N/R with one update per R fresh rollouts; here K updates share a round's R, so a
+    window of N holds a rollout for K N / R updates."""
     y_star: float
     """Optimal replay ratio K B / R (continuous)."""
     capacity: int
-    """buffer.capacity N = round(x* R), at least R and at least B."""
+    """buffer.capacity N = round(x* R / K), at least R (the window holds the newest batch, so
+    no generated rollout goes untrained) and at least B."""
     updates_per_step: int
-    """loop.updates_per_step K >= 1: the integer next to y*(x) R / B with the lower F."""
+    """loop.updates_per_step K >= 1: the integer whose design (N, K) has the lowest F."""
     x: float
-    """Realised horizon N / R."""
+    """Realised horizon in learner updates, K N / R."""
     y: float
     """Realised replay ratio K B / R."""
     gamma: float
@@ -296,10 +302,12 @@ def plan(mu: float, R: int, B: int, alpha: Optional[float] = None, rho: float = 
     """Recommend buffer.capacity N and loop.updates_per_step K for R rollouts per step.
 
     With s, x* comes from numerical_optimum (domain x >= 1); otherwise from the power law
-    with alpha (DEFAULT_ALPHA when None) in closed form. Rounding: N = round(x* R), raised to
-    at least R (N >= R: the window holds the newest batch) and B (a minibatch fits); K is
-    floor or ceil of y*(x) R / B at the realised x = N / R, whichever the model prefers, and at
-    least 1. y*(x) is y* unless N was raised, in which case it is the best ratio for that N.
+    with alpha (DEFAULT_ALPHA when None) in closed form. x counts learner updates, as in the
+    paper: with K updates a round, each update's share of fresh rollouts is R / K, so the
+    window that keeps a rollout x* updates is N = x* R / K (folding the K updates into one of
+    K B would make the window K times too large). For each K, N = round(x* R / K), raised to
+    at least R (the window holds the newest batch) and B (a minibatch fits); the K whose
+    realised design (x = K N / R, y = K B / R) has the lowest F is chosen.
     """
     mu, rho = _check_mu(mu), _check_rho(rho)
     for name, value in (("R", R), ("B", B)):
@@ -321,13 +329,16 @@ def plan(mu: float, R: int, B: int, alpha: Optional[float] = None, rho: float = 
                          + (f", alpha={alpha}" if alpha is not None else "")
                          + ": the noise does not grow with staleness, so the model says keep every "
                          "rollout; set buffer.capacity by memory instead")
-    capacity = max(round(x_star * R), R, B)
-    x = capacity / R
-    y_target = best_replay_ratio(mu, x, rho)
-    low = max(1, math.floor(y_target * R / B))
-    candidates = [low, low + 1] if low * B / R < y_target else [low]
-    updates = min(candidates, key=lambda k: compute_to_target(mu, x, k * B / R, s, rho))
-    y = updates * B / R
+    def design(k: int) -> tuple[int, float, float]:
+        """(N, x, y) with K = k updates a round: N = x* R / k so that a rollout stays x* learner
+        updates, at least one batch (R) and one minibatch (B)."""
+        n = max(round(x_star * R / k), R, B)
+        return n, k * n / R, k * B / R
+
+    # Every K up to twice the unconstrained optimum's (the N >= R floor can move the best K).
+    top = max(2, math.ceil(2 * y_star * R / B)) if math.isfinite(y_star) else 64
+    updates = min(range(1, top + 1), key=lambda k: compute_to_target(mu, *design(k)[1:], s, rho))
+    capacity, x, y = design(updates)
     return Plan(mu=mu, alpha=alpha, rho=rho, method=method, rollouts_per_step=R, minibatch_size=B,
                 x_star=x_star, y_star=y_star, capacity=capacity, updates_per_step=updates, x=x, y=y,
                 gamma=predicted_gamma(mu, x, y, s, rho),

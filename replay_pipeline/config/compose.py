@@ -53,7 +53,7 @@ def _explain_composition_error(exc: Exception, overrides: list[str]) -> str:
         hint = (
             "Check the key's spelling; keys are listed by `python -m flows.train --cfg`. "
             "To add a key that does not exist, Hydra needs `+key=value`, but unknown keys "
-            "are rejected by the schema in replay_pipeline/config.py."
+            "are rejected by the schema in replay_pipeline/config/schema.py."
         )
     elif "Could not find" in text or "In 'config'" in text:
         hint = "Pick one of the options listed above (files under conf/<group>/)."

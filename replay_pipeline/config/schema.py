@@ -209,9 +209,11 @@ class BufferConfig:
     """A rollout is never used by more than this many learner steps in total (None: no cap);
     counted from the durable usage records."""
     max_staleness: Optional[int] = owned(None, 'sampling')
-    """Only rollouts at most this many policy versions old can be drawn (None: no bound)."""
+    """Only rollouts at most this many policy versions old can be drawn (None: no bound). Policy
+    versions count rounds (loop.updates_per_step learner updates each), not learner updates."""
     recency_half_life: float = owned(2.0, 'sampling')
-    """`recency` strategy: a rollout's weight halves every this many policy versions of age."""
+    """`recency` strategy: a rollout's weight halves every this many policy versions of age
+    (rounds of loop.updates_per_step learner updates, not updates)."""
     priority_alpha: float = owned(1.0, 'sampling')
     """`prioritized` strategy: weight = (|advantage| + 1e-3) ** priority_alpha."""
     compact_every: int = bounded(50, ge=0, integer=True, hint="0: never")

@@ -140,16 +140,22 @@ class ReplaySampler:
         self.tables.record_usage(used, fresh=first > self.used_through)
         since, last = [], dict(previous)
         for q, ls in zip(used_seq, used_step):  # rows are in learner-step order
-            if q in last and last[q] < ls:
+            if q in last:  # a repeat within one learner step counts 0, as the paper counts it
                 since.append(ls - last[q])
             last[q] = ls
         staleness = used.column("staleness").to_numpy().astype(np.float64)
+        # In learner updates (the paper's unit): the updates since the generating policy was
+        # published, K per round (exact in the sync loop while no update is skipped).
+        updates = (used.column("learner_step").to_numpy()
+                   - self.loop.updates_per_step * used.column("rollout_policy_version").to_numpy()).astype(np.float64)
         this_round = Counter(used_seq)
         uses_of_used = np.asarray([counts.get(q, 0) + this_round[q] for q in seqs], dtype=np.float64)
         total_uses = total + used.num_rows
         return {
             "buffer/staleness_mean": float(staleness.mean()),
             "buffer/staleness_max": float(staleness.max()),
+            "buffer/staleness_updates_mean": float(updates.mean()),
+            "buffer/staleness_updates_max": float(updates.max()),
             "buffer/unique_frac": len(seqs) / len(used),
             "buffer/reuse_mean": float(uses_of_used.mean()),
             "buffer/reuse_max": float(uses_of_used.max()),

@@ -294,10 +294,11 @@ def test_reuse_histogram_counts_never_used_rollouts(db, usage_backend):
 
 
 def test_steps_since_last_use_histogram(db, usage_backend):
-    # Distinct learner steps per rollout, from USES: seq 0 at 0, 1, 2, 5 (twice at 1: counted
-    # once) -> gaps 1, 1, 3; seq 1 at 0, 2 -> 2; seq 8 at 2, 3, 4 -> 1, 1; seq 16 at 4, 5 -> 1.
+    # Every use per rollout, from USES: seq 0 at 0, 1, 1, 2, 5 (twice at 1: the repeat counts 0,
+    # as the paper counts it) -> gaps 1, 0, 1, 3; seq 1 at 0, 2 -> 2; seq 8 at 2, 3, 4 -> 1, 1;
+    # seq 16 at 4, 5 -> 1.
     t = analysis.steps_since_last_use_histogram(db, RUN_A)
-    assert t.to_pydict() == {"steps_since_last_use": [1, 2, 3], "uses": [5, 1, 1]}
+    assert t.to_pydict() == {"steps_since_last_use": [0, 1, 2, 3], "uses": [1, 5, 1, 1]}
     assert analysis.steps_since_last_use_histogram(db, RUN_B).num_rows == 0  # no usage table
     assert list(analysis.steps_since_last_use_histogram(db, RUN_A, as_pandas=True).columns) == [
         "steps_since_last_use", "uses"]

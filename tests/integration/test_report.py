@@ -298,7 +298,7 @@ def test_markdown_report(built):
     assert "median of the final compute/mu of 12 finished runs): 1.05" in md
     assert re.search(r"At the measured mu = 1.05: replay should not pay off.*predicted gamma 1.00.*"
                      r"illustrative defaults alpha = 0.25, rho = 0.05", md)
-    assert re.search(r"At the GPU-scale projection, mu = 5.28: replay should pay off.*buffer.capacity = 205, "
+    assert re.search(r"At the GPU-scale projection, mu = 5.28: replay should pay off.*buffer.capacity = 64, "
                      r"loop.updates_per_step = 4, predicted gamma 0.79", md)
     for png in report.PLOTS:
         assert f"]({png})" in md and (built.path.parent / png).stat().st_size > 1000
@@ -319,7 +319,7 @@ def test_buffer_distributions_pooled_over_seeds(built):
     assert set(d) == {"replay"}  # the only config with tables (seeds 0 and 1)
     assert d["replay"]["runs"] == 2 and d["replay"]["staleness"] == {0: 34, 1: 8, 3: 2}
     assert d["replay"]["reuse_count"] == {0: 36, 1: 20, 2: 4, 3: 2, 5: 2}
-    assert d["replay"]["steps_since_last_use"] == {1: 10, 2: 2, 3: 2}
+    assert d["replay"]["steps_since_last_use"] == {0: 2, 1: 10, 2: 2, 3: 2}
     notes = "\n".join(built.summary["notes"])
     assert "replay seed 2: buffer tables not read at" in notes and "unknown run id" in notes
     assert "no_buffer: no seed's LanceDB tables could be read" in notes

@@ -281,20 +281,29 @@ def test_plan_is_a_rounded_optimum(mu, R, B):
     s = power_law_noise(0.25)
     assert (p.x_star, p.y_star) == power_law_optimum(mu, 0.25, 0.05)
     assert p.method == "closed form" and p.mu == mu and p.alpha == 0.25 and p.rho == 0.05
-    assert p.capacity == max(round(p.x_star * R), R, B)
-    assert p.x == p.capacity / R and p.y == p.updates_per_step * B / R
-    assert p.updates_per_step >= 1
-    cost = lambda k: compute_to_target(mu, p.x, k * B / R, s, 0.05)  # noqa: E731
-    best_k = min(range(1, 200), key=cost)  # the best integer K at this N, by brute force
-    assert p.updates_per_step == best_k
+    K = p.updates_per_step
+    assert K >= 1 and p.capacity == max(round(p.x_star * R / K), R, B)  # x* counts learner updates
+    assert p.x == K * p.capacity / R and p.y == K * B / R
+
+    def cost(k):  # the design with k updates a round, by brute force
+        n = max(round(p.x_star * R / k), R, B)
+        return compute_to_target(mu, k * n / R, k * B / R, s, 0.05)
+
+    assert p.updates_per_step == min(range(1, 200), key=cost)
     assert p.gamma == pytest.approx(predicted_gamma(mu, p.x, p.y, s, 0.05))
     assert p.gamma_star <= p.gamma * (1 + 1e-12)
 
 
 def test_plan_by_hand():
-    # mu 6.84: x* = 3.782, y* = 4.664 -> N = round(242.07) = 242, K = 5 (4 costs more)
+    # mu 6.84: x* = 3.782 updates, y* = 4.664. K = 5 updates a round share its 64 rollouts, so a
+    # rollout kept x* updates needs N = 3.782 x 64 / 5 = 48, raised to one batch (64): x = 5
+    # updates, y = 5. (x* R = 242 would keep each rollout 19 updates.)
     p = plan(6.84, 64, 64)
-    assert (p.capacity, p.updates_per_step, p.alpha, p.rho) == (242, 5, planner.DEFAULT_ALPHA, planner.DEFAULT_RHO)
+    assert (p.capacity, p.updates_per_step, p.alpha, p.rho) == (64, 5, planner.DEFAULT_ALPHA, planner.DEFAULT_RHO)
+    assert (p.x, p.y) == (5.0, 5.0)
+    # R = 128, B = 32: K = 16 updates of 32 a round, N = 3.782 x 128 / 16 = 30 -> one batch
+    p = plan(6.84, 128, 32)
+    assert (p.capacity, p.updates_per_step, p.x, p.y) == (128, 16, 16.0, 4.0)
     # CPU mu 0.5: x* = 0.47 < 1, so N is raised to one batch; K = 1: on-policy
     p = plan(CPU_MU, 64, 64)
     assert (p.capacity, p.updates_per_step, p.x, p.y, p.gamma) == (64, 1, 1.0, 1.0, pytest.approx(1.0))
@@ -305,4 +314,4 @@ def test_plan_with_custom_noise_is_numerical():
     p = plan(6.84, 64, 64, s=s)
     x_num, y_num = numerical_optimum(6.84, s, planner.DEFAULT_RHO)
     assert (p.method, p.alpha, p.x_star, p.y_star) == ("numerical", None, x_num, y_num)
-    assert p.capacity == round(x_num * 64)
+    assert p.capacity == max(round(x_num * 64 / p.updates_per_step), 64)
