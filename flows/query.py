@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "usage_<run_id> in the LanceDB database) as a table, CSV, JSONL or Parquet.",
         epilog=EXAMPLES, formatter_class=fmt,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{runs,rollouts,usage,summary}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{runs,rollouts,usage,summary,migrate}", required=True)
 
     sub.add_parser("runs", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
                    help="list the runs: rollouts, usage records, policy versions, times, tags",
@@ -187,7 +187,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--by", choices=["version", "staleness", "reuse"], default="version",
                    help="what to summarise (default: version)")
+
+    p = sub.add_parser("migrate", parents=[where], formatter_class=fmt,
+                       help="add the columns a rollout table from an older version lacks (null: not recorded)",
+                       description="Add the rollout table's columns that came after it was made (per-rollout "
+                                   "temperature and top_p) as null columns: a new table version, no stored "
+                                   "value changed. Rows with null are re-scored at the run's "
+                                   "generator.temperature, as they were before the columns existed.")
+    p.add_argument("run_id", metavar="RUN_ID")
     return parser
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """`migrate`: the one write this command makes, and only on request."""
+    # start-up cost: lancedb, after the arguments are parsed
+    from replay_pipeline.buffer import RolloutStore
+    from replay_pipeline.buffer.lance_table import StoreError
+
+    try:
+        added = RolloutStore.migrate(_database(args), args.run_id, storage_options=_options(args))
+    except (QueryError, StoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"rollouts_{args.run_id}: added {', '.join(added)} (null)" if added
+          else f"rollouts_{args.run_id}: nothing to migrate")
+    return 0
 
 
 # ------------------------------------------------------------------ commands
@@ -488,6 +512,8 @@ _WHAT = {"runs": "runs", "rollouts": "rollouts", "usage": "usage records", "summ
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "migrate":
+        return _migrate(args)
     if args.format == "parquet" and not args.output:
         parser.error("--format parquet writes a binary file: add --output FILE, e.g. --output rollouts.parquet")
     for lo, hi in (("reward_min", "reward_max"), ("min_reuse", "max_reuse")):

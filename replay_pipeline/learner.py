@@ -107,11 +107,14 @@ def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequen
                  _optional_vector(rewards), _optional_vector(group_reward_mean))
 
 
-def token_logprobs_and_entropy(model, batch: Batch, temperature: float,
+def token_logprobs_and_entropy(model, batch: Batch, temperature: float | torch.Tensor,
                                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, L-1) log-probs of each next token and entropy of each next-token distribution
-    (differentiable only with `entropy_grad`, for an entropy bonus)."""
+    (differentiable only with `entropy_grad`, for an entropy bonus), under softmax(logits /
+    temperature): one temperature, or one per row (a (B,) tensor)."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.to(logits.device, torch.float32).view(-1, 1, 1)
     logits = logits[:, :-1].float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     targets = batch.input_ids[:, 1:].unsqueeze(-1)
@@ -207,6 +210,20 @@ class Learner:
             raise ValueError(f"{who} has a non-finite behaviour log-prob; it cannot be re-weighted "
                              "against the current policy (refusing to train on it)")
 
+    def row_temperature(self, rows: Mapping[str, Sequence[Any]]) -> float | torch.Tensor:
+        """The temperature each row is re-scored at: its stored `temperature` (the one it was
+        sampled at), or the learner's for rows without one (null: not recorded). The learner's
+        own float when every row has it, so such a minibatch is computed exactly as before."""
+        stored = rows.get("temperature")
+        if stored is None:
+            return self.temperature
+        values = [self.temperature if t is None else float(t) for t in stored]
+        if all(v == self.temperature for v in values):
+            return self.temperature
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise ValueError(f"stored temperatures {sorted(set(values))} must be finite numbers > 0")
+        return torch.tensor(values, dtype=torch.float32)
+
     def step(self, rows: Mapping[str, Sequence[Any]]) -> dict[str, float]:
         """One optimizer step on a minibatch given as columns of stored rollouts."""
         self.check_rows(rows)
@@ -214,7 +231,8 @@ class Learner:
                         rows["advantage"], self.pad_id, rewards=rows.get("reward"),
                         group_reward_mean=rows.get("group_reward_mean")).to(self.device)
         self._check_logprobs(rows, batch)
-        logp, entropy = token_logprobs_and_entropy(self.model, batch, self.temperature,
+        temperature = self.row_temperature(rows)
+        logp, entropy = token_logprobs_and_entropy(self.model, batch, temperature,
                                                    entropy_grad=self.entropy_coef > 0)
         m = batch.completion_mask
         on = m > 0
@@ -227,7 +245,7 @@ class Learner:
         kl_ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logp, _ = token_logprobs_and_entropy(self.reference, batch, self.temperature)
+                ref_logp, _ = token_logprobs_and_entropy(self.reference, batch, temperature)
                 ref_logp = torch.where(on, ref_logp, torch.zeros_like(ref_logp))
             kl_ref = kl_penalty(logp, ref_logp)
             per_token = per_token + self.kl_coef * kl_ref

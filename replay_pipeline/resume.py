@@ -31,6 +31,7 @@ from collections.abc import Iterable
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -143,5 +144,12 @@ def resolve_config(overrides: list[str] | None) -> DictConfig:
             f"fork={cfg.fork} cannot change {', '.join(sorted(refused))}: the fork starts from the "
             "source's weights, inside the source's LanceDB database and MLflow store. Start a new "
             "run for a different model or store.")
+    sampling = {k: (old.get(k), v) for k, v in changes.items()
+                if k in ("generator.temperature", "generator.top_p") and old.get(k) != v}
+    if sampling:
+        warnings.warn(f"fork={cfg.fork} changes " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sampling.items())
+                      + ": the rollouts it inherits keep the settings they were sampled with (stored on "
+                      "every rollout) and are re-scored at their own temperature; new rollouts use the new "
+                      "settings", stacklevel=2)
     identity = {"run_id": cfg.run_id, "resume": None, "fork": cfg.fork, "tracking.root_dir": root}
     return _merge(saved, changes, identity)

@@ -301,6 +301,8 @@ class LanceTable:
     """Sort key of every multi-row read; the last column breaks ties."""
     INDEXED: ClassVar[tuple[str, ...]]
     ASSIGNED: ClassVar[tuple[str, ...]] = ()
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ()
+    """Nullable columns added to SCHEMA after tables existed: `migrate` adds them."""
     """Columns the store fills in on append (callers leave them out or null)."""
 
     def __init__(self, db: lancedb.DBConnection, table: Any, uri: str, run_id: str):
@@ -374,12 +376,30 @@ class LanceTable:
         table = db.open_table(name)
         problems = schema_mismatches(table.schema, expected=cls.SCHEMA)
         if problems:
+            later = [n for n in cls.ADDED_LATER if n not in table.schema.names]
+            hint = (f"; it predates the columns {later}: add them (null: not recorded, nothing stored "
+                    f"changes) with `python -m flows.query migrate {run_id} --uri {uri}`"
+                    if later else "")
             raise StoreError(
                 f"{cls.KIND} table {name!r} in {str(uri)!r} does not match {cls.SCHEMA_NAME}: "
                 + "; ".join(problems)
-                + " (the table was left unchanged)"
+                + " (the table was left unchanged)" + hint
             )
         return cls(db, table, str(uri), run_id)
+
+    @classmethod
+    def migrate(cls, uri: str | Path, run_id: str, *, storage_options: Mapping[str, str] | None = None) -> list[str]:
+        """Add the ADDED_LATER columns a table lacks, as null columns (a new table version; no
+        stored value changes); returns the columns added ([] if none were missing)."""
+        db = _connect(uri, storage_options)
+        name = cls.table_name_for(run_id)
+        if name not in table_names(db):
+            raise StoreError(f"no {cls.KIND} table for run {run_id!r} in {str(uri)!r}")
+        table = db.open_table(name)
+        missing = [f for f in cls.SCHEMA if f.name in cls.ADDED_LATER and f.name not in table.schema.names]
+        if missing:
+            table.add_columns(pa.schema(missing))
+        return [f.name for f in missing]
 
     @classmethod
     def open_or_create(cls, uri: str | Path, run_id: str, *, storage_options: Mapping[str, str] | None = None):

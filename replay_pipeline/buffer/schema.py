@@ -23,9 +23,17 @@ A flagged rollout is stored like any other with ``reward`` 0.0 and ``correct`` F
 fills a missing one with null, so row builders written before the column existed
 keep working. A pyarrow *table* must still carry every column (the store checks it).
 
+``temperature`` and ``top_p`` (nullable float64, after ``seed``) are the sampling settings the
+rollout was generated with; the learner re-scores a row at its own temperature (so a fork that
+changes generator.temperature does not bias the ratio on the rows it inherits). Null: not
+recorded (a table migrated from before the columns existed): re-scored at the run's
+generator.temperature, as before.
+
 Tables created before ``reward_error`` existed do not match this schema;
 ``RolloutStore.open`` refuses them with a ``StoreError`` naming the missing column and leaves
-them unchanged.
+them unchanged. Tables created before ``temperature`` and ``top_p`` existed are refused the same
+way, naming :data:`ADDED_LATER`'s migration (``python -m flows.query migrate --run RUN``), which
+adds both as null columns in a new table version.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ __all__ = [
     "ROLLOUT_SCHEMA",
     "INPUT_COLUMNS",
     "OPTIONAL_INPUT_COLUMNS",
+    "ADDED_LATER",
     "make_rollout_id",
     "group_rollout_ids",
     "rows_to_table",
@@ -72,6 +81,8 @@ ROLLOUT_SCHEMA: pa.Schema = pa.schema(
         pa.field("finish_reason", pa.string()),
         pa.field("num_tokens", pa.int32()),
         pa.field("seed", pa.int64()),
+        pa.field("temperature", pa.float64(), nullable=True),
+        pa.field("top_p", pa.float64(), nullable=True),
         pa.field("created_at", pa.timestamp("us", tz="UTC")),
     ]
 )
@@ -80,7 +91,12 @@ ROLLOUT_SCHEMA: pa.Schema = pa.schema(
 INPUT_COLUMNS: tuple[str, ...] = tuple(n for n in ROLLOUT_SCHEMA.names if n != "seq")
 
 #: Input columns a row dict may leave out; :func:`rows_to_table` stores them as null.
-OPTIONAL_INPUT_COLUMNS: tuple[str, ...] = ("reward_error", "worker")
+OPTIONAL_INPUT_COLUMNS: tuple[str, ...] = ("reward_error", "worker", "temperature", "top_p")
+
+#: Columns added to the schema after tables existed (nullable: null means "not recorded"). A
+#: table without them is refused on open, naming the migration that adds them
+#: (RolloutStore.migrate, `python -m flows.query migrate`), which changes no stored value.
+ADDED_LATER: tuple[str, ...] = ("temperature", "top_p")
 
 
 class SchemaMismatch(ValueError):

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .lance_table import LanceTable, StoreError, int_filter
-from .schema import ROLLOUT_SCHEMA
+from .schema import ADDED_LATER, ROLLOUT_SCHEMA
 
 __all__ = ["META_COLUMNS", "RolloutStore", "StoreError", "TABLE_PREFIX"]
 
@@ -74,6 +74,7 @@ class RolloutStore(LanceTable):
     ORDER = ("seq", "rollout_id")
     INDEXED = ("rollout_id", "seq", "step", "policy_version")
     ASSIGNED = ("seq",)
+    ADDED_LATER = ADDED_LATER
 
     # ------------------------------------------------------------------ writing
     def append(self, table_or_rows: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],

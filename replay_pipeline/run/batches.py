@@ -27,7 +27,7 @@ from replay_pipeline.tasks.base import Prompt
 
 # Columns the learner needs from a stored rollout (a window read never loads the text).
 LEARN_COLUMNS = ["rollout_id", "seq", "policy_version", "step", "prompt_ids", "completion_ids",
-                 "behaviour_logprobs", "advantage", "reward", "group_reward_mean"]
+                 "behaviour_logprobs", "advantage", "reward", "group_reward_mean", "temperature"]
 
 # Offsets that separate the purposes of per-step random streams.
 SEED_PROMPTS, SEED_SAMPLER, SEED_GENERATE, SEED_EVAL = 1, 2, 3, 4
@@ -51,6 +51,10 @@ class GeneratedBatch:
     reused: bool = False
     """True when the rollouts were read back from the table (stored by a process that stopped
     after its last checkpoint) instead of generated."""
+    temperature: float | None = None
+    """The sampling temperature the completions were drawn at (stored with every rollout)."""
+    top_p: float | None = None
+    """The nucleus top_p they were drawn with."""
 
 
 def step_prompts(task, cfg: Any, step: int, worker: int | None = None) -> tuple[list[Prompt], int]:
@@ -67,7 +71,8 @@ def generate_batch(task, generator, cfg: Any, step: int, worker: int | None = No
     samples = generator.generate([p.text for p in prompts], n=cfg.loop.group_size, seed=seed)
     faults.crash_point("generate", step)
     seconds = time.perf_counter() - start
-    return GeneratedBatch(step, generator.policy_version, seed, prompts, samples, seconds)
+    return GeneratedBatch(step, generator.policy_version, seed, prompts, samples, seconds,
+                          temperature=float(cfg.generator.temperature), top_p=float(cfg.generator.top_p))
 
 
 def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
@@ -102,7 +107,7 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
         "correct": [r > 0 for r in rewards], "advantage": np.asarray(advantages, dtype=np.float64),
         "group_reward_mean": group_means[g_index], "finish_reason": [s.finish_reason for s in samples],
         "num_tokens": [len(s.completion_ids) for s in samples], "seed": batch.seed,
-        "created_at": datetime.now(timezone.utc),
+        "temperature": batch.temperature, "top_p": batch.top_p, "created_at": datetime.now(timezone.utc),
     }, len(samples))
     r = np.asarray(rewards, dtype=np.float64)
     groups = r.reshape(-1, g)

@@ -142,7 +142,9 @@ class TrainingRun:
                                     text=data["completion"][i], finish_reason=data["finish_reason"][i]))
             samples.append(group)
         version = int(data["policy_version"][0])
-        return GeneratedBatch(step, version, seed, prompts, samples, 0.0, reused=True)
+        gen = self.settings.generator  # a resume's generation settings are the stopped run's
+        return GeneratedBatch(step, version, seed, prompts, samples, 0.0, reused=True,
+                              temperature=float(gen.temperature), top_p=float(gen.top_p))
 
     def score(self, batch: GeneratedBatch) -> tuple[pa.Table, dict[str, float]]:
         """Reward every completion with the task's verifier, freeze group advantages, and
