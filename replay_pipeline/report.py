@@ -366,19 +366,16 @@ def _config_summary(children: Sequence[Child], mu: float) -> tuple[dict[str, Any
 
 
 def _design_of(children: Sequence[Child], mu: float) -> dict[str, Any]:
-    """R, B, K, the target replay ratio K x B / R and gamma at the projection mu (from the
-    first child's params; the project's defaults for what is not logged)."""
-    loop = LoopConfig()
-    p = children[0].params if children else {}
-
-    def get(key: str, default: int) -> int:
+    """R, B (`_design`), K, the target replay ratio K x B / R and gamma at the projection mu
+    (K from the first child's params that give it, else the project's default)."""
+    R, B = _design(children)
+    K = LoopConfig().updates_per_step
+    for c in children:
         try:
-            return int(p.get(f"loop.{key}", default))
-        except (TypeError, ValueError):
-            return default
-
-    R = get("prompts_per_step", loop.prompts_per_step) * get("group_size", loop.group_size)
-    B, K = get("minibatch_size", loop.minibatch_size), get("updates_per_step", loop.updates_per_step)
+            K = int(c.params["loop.updates_per_step"])
+            break
+        except (KeyError, ValueError):
+            continue
     ratio = K * B / R
     return {"R": R, "B": B, "K": K, "replay_ratio": ratio, "gamma": evidence.gamma(mu, ratio), "gamma_mu": mu}
 
