@@ -41,6 +41,9 @@ TABLE_ROLLOUT_COLUMNS = [
     "reward", "correct", "advantage", "num_tokens", "reuse_count", "reward_error",
 ]
 
+# Run columns the table format shows unless --wide or --columns (full run ids, never cut).
+TABLE_RUN_COLUMNS = ["run_id", "status", "pid", "steps", "accuracy", "started", "rollouts"]
+
 EXAMPLES = """\
 examples:
   python -m flows.query runs                                  # every run under ./runs/lancedb
@@ -148,9 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="{runs,rollouts,usage,summary,migrate}", required=True)
 
-    sub.add_parser("runs", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
-                   help="list the runs: rollouts, usage records, policy versions, times, tags",
-                   description="List the runs in the database.")
+    p = sub.add_parser("runs", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+                       help="list the runs: status, steps, accuracy, rollouts, usage records, versions, tags",
+                       description="List the runs, newest first. With --root (default: runs), each run's "
+                                   "status from its directory: running (with the lease's PID and host), "
+                                   "finished, killed (Ctrl-C or SIGTERM), failed, crashed (ended without "
+                                   "reporting: kill -9, power cut), or unknown (tables without a run "
+                                   "directory under the root); steps done of planned (for a running or "
+                                   "crashed run: through its newest checkpoint, where a resume continues); "
+                                   "the last held-out accuracy; when it started. The table shows "
+                                   + ", ".join(TABLE_RUN_COLUMNS) + " (pid: the lease holder's, for a running "
+                                   "run; steps: done/planned); --wide (or --format csv/jsonl) shows every "
+                                   "column: steps_done, steps_planned, heldout_accuracy, started_at, holder "
+                                   "(PID, host, since), then the tables' figures.")
+    p.add_argument("--wide", action="store_true", help="every column in the table format (the holder, "
+                   "usage records, policy versions, times, tags)")
 
     p = sub.add_parser("rollouts", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
                        help="a run's rollouts, filtered, with their reuse counts",
@@ -238,6 +253,20 @@ def _database(args: argparse.Namespace) -> str:
                 f"writes runs/lancedb: pass the run's --root DIR, or --uri PATH of the database"
             )
     return uri
+
+
+def _database_or_none(args: argparse.Namespace) -> str | None:
+    """_database; for `runs` under a root that has run directories but no database yet (every
+    run there stopped before it made its tables), None."""
+    try:
+        return _database(args)
+    except QueryError:
+        if args.command != "runs" or args.uri:
+            raise
+        from replay_pipeline.runs import list_runs as run_dirs  # start-up cost: after parsing, as analysis
+        if not run_dirs(args.root):
+            raise
+        return None
 
 
 def _options(args: argparse.Namespace) -> dict[str, str] | None:
@@ -336,12 +365,69 @@ def _cmd_summary(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any
     return result, matched, empty
 
 
-def _cmd_runs(analysis: Any, uri: str, args: argparse.Namespace) -> tuple[Any, int, str]:
-    result = _select(analysis.list_runs(uri, storage_options=_options(args)), args.columns, "runs")
+def _with_status(table: Any, root: Path) -> Any:
+    """The runs' tables joined with their directories under `root` (a run killed before it made
+    its tables is listed too): status, holder, steps done of planned, last held-out accuracy
+    and start (replay_pipeline.run.lineage.run_status); newest first."""
+    # start-up cost: pyarrow and the lineage module only for this command
+    from datetime import timezone
+
+    import pyarrow as pa
+
+    from replay_pipeline.run.lineage import run_status
+    from replay_pipeline.runs import list_runs as run_dirs
+
+    stored = {row["run_id"]: row for row in table.to_pylist()} if table is not None else {}
+    ids = list(dict.fromkeys([*run_dirs(root), *sorted(stored)]))
+    rows = []
+    for run_id in ids:
+        state = run_status(root, run_id) if (root / run_id).is_dir() else {}
+        row = {"run_id": run_id, "status": state.get("status", "unknown"),
+               "steps_done": state.get("steps_done"), "steps_planned": state.get("steps_planned"),
+               "heldout_accuracy": state.get("heldout_accuracy"),
+               "started_at": datetime.fromisoformat(state["started_at"]).astimezone(timezone.utc)
+               if state.get("started_at") else None,
+               "holder": state.get("holder")}
+        row["pid"] = int(row["holder"].split()[1]) if row["holder"] else None
+        rows.append(row | {k: v for k, v in stored.get(run_id, {"rollouts": 0, "usage_records": 0}).items()
+                           if k != "run_id"})
+    rows.sort(key=lambda r: (r["started_at"] is not None, r["started_at"] or 0, r["run_id"]), reverse=True)
+    fields = [pa.field("run_id", pa.string()), pa.field("status", pa.string()), pa.field("steps_done", pa.int64()),
+              pa.field("steps_planned", pa.int64()), pa.field("heldout_accuracy", pa.float64()),
+              pa.field("started_at", pa.timestamp("s", tz="UTC")),
+              pa.field("holder", pa.string()), pa.field("pid", pa.int64())]
+    schema = pa.schema(fields + ([f for f in table.schema if f.name != "run_id"] if table is not None else
+                                 [pa.field("rollouts", pa.int64()), pa.field("usage_records", pa.int64())]))
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _runs_view(table: Any) -> Any:
+    """The table format's runs, to fit a terminal: full id, status, the lease holder's PID,
+    steps as done/planned, last held-out accuracy, start to the minute, rollouts."""
+    # start-up cost: pyarrow only for this command
+    import pyarrow as pa
+
+    rows = table.to_pylist()
+    steps = [f"{r['steps_done'] if r['steps_done'] is not None else '?'}/{r['steps_planned'] or '?'}" for r in rows]
+    started = [r["started_at"].strftime("%Y-%m-%d %H:%M") if r["started_at"] else None for r in rows]
+    return pa.table({"run_id": table.column("run_id"), "status": table.column("status"),
+                     "pid": table.column("pid"), "steps": pa.array(steps, pa.string()),
+                     "accuracy": table.column("heldout_accuracy"), "started": pa.array(started, pa.string()),
+                     "rollouts": table.column("rollouts")})
+
+
+def _cmd_runs(analysis: Any, uri: str | None, args: argparse.Namespace) -> tuple[Any, int, str]:
+    table = analysis.list_runs(uri, storage_options=_options(args)) if uri else None
+    if not args.uri:
+        table = _with_status(table, Path(args.root).expanduser().resolve())
+    if args.columns is None and args.format == "table" and not args.wide and not args.uri:
+        result = _runs_view(table)
+    else:
+        result = _select(table, args.columns, "runs")
     matched = result.num_rows
     if args.limit is not None and matched > args.limit:
         result = result.slice(0, args.limit)
-    empty = f"no runs in {uri}: it holds no rollouts_<run_id> tables" if matched == 0 else ""
+    empty = f"no runs in {uri or args.root}: it holds no rollouts_<run_id> tables" if matched == 0 else ""
     return result, matched, empty
 
 
@@ -368,22 +454,23 @@ def _truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
-def render_table(table: Any, width: int) -> tuple[str, list[str]]:
+def render_table(table: Any, width: int, keep: tuple[str, ...] = ("run_id",)) -> tuple[str, list[str]]:
     """The rows as a plain-text table at most ``width`` characters wide, and the names of the
     columns left out because they did not fit.
 
-    Numbers and timestamps are never truncated (a cut number misleads); long headers are
-    abbreviated first, then text and list cells, and only then are columns left out."""
+    Numbers, timestamps and the `keep` columns (run ids: a cut id cannot be pasted into
+    resume=) are never truncated (a cut number misleads); long headers are abbreviated first,
+    then text and list cells, and only then are columns left out."""
     # start-up cost: pyarrow's writers, only for this output format
     import pyarrow as pa
 
     names = list(table.column_names)
     cells = {n: [_cell(v) for v in table.column(n).to_pylist()] for n in names}
-    exact = {n: not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_list(t)
-                     or pa.types.is_large_list(t)) for n, t in zip(names, table.schema.types)}
+    exact = {n: n in keep or not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_list(t)
+                                  or pa.types.is_large_list(t)) for n, t in zip(names, table.schema.types)}
     numeric = {n: pa.types.is_integer(t) or pa.types.is_floating(t) for n, t in zip(names, table.schema.types)}
     content = {n: max(map(len, cells[n]), default=0) for n in names}
-    widths = {n: max(len(n), min(content[n], MAX_CELL)) for n in names}
+    widths = {n: max(len(n), content[n] if n in keep else min(content[n], MAX_CELL)) for n in names}
     sep = "  "
 
     def total(cols: list[str]) -> int:
@@ -522,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             flag_lo, flag_hi = "--" + lo.replace("_", "-"), "--" + hi.replace("_", "-")
             parser.error(f"{flag_lo} {a} > {flag_hi} {b} matches nothing: give {flag_lo} <= {flag_hi} (both inclusive)")
     try:
-        uri = _database(args)
+        uri = _database_or_none(args)
         from replay_pipeline import analysis  # after parsing: lancedb is slow to import
 
         result, matched, empty = COMMANDS[args.command](analysis, uri, args)

@@ -6,10 +6,16 @@
     python -m flows.train --help | --cfg                   # groups and options | resolved config
     python -m flows.train resume=<run_id> [loop.steps=N]   # continue from the newest checkpoint
     python -m flows.train fork=<run_id>@<step> algo.lr=1e-4  # a new run from a checkpoint
+    python -m flows.train resume=last                      # the newest run under tracking.root_dir
 
-Stopping: Ctrl-C marks the MLflow run KILLED; SIGTERM (what `kill`, Docker and Prefect send)
-marks it KILLED and the Prefect flow run CRASHED (Prefect's own SIGTERM handler); either way
-`resume=<run_id>` continues from the newest checkpoint without losing a stored rollout.
+The first line printed is the run id and the resume command. One process drives a run
+(replay_pipeline/lease.py): a second `train` or `resume=` on a live run is refused before any
+work (exit code 2), naming the holder. Stopping: Ctrl-C and SIGTERM ask the run to stop at its
+next safe point (replay_pipeline/stopping.py): it ends within seconds with one line, exit code
+128 + the signal, MLflow KILLED, the Prefect flow run CANCELLED, and `resume=<run_id>`
+continues from the newest checkpoint without losing a stored rollout. Without PREFECT_API_URL
+the flow talks to a temporary server of its own (flows/prefect_server.py) that a terminal's
+Ctrl-C does not reach and that ends with the trainer.
 
 The flow only wraps library calls in Prefect tasks: the loop and its schedule are
 replay_pipeline/run/loop.py's (`train_loop`), the run is built by replay_pipeline/run/build.py,
@@ -25,6 +31,9 @@ round; see the overhead benchmark in the README).
 
 from __future__ import annotations
 
+import functools
+import shutil
+import signal
 import sys
 import time
 from typing import Any
@@ -37,22 +46,40 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ExternalSignal
 from prefect.runtime import flow_run
-from prefect.states import Crashed
+from prefect.states import Cancelled, Crashed, State
 from prefect.utilities.annotations import quote
 
+from replay_pipeline import stopping
 from replay_pipeline.buffer.lance_table import StoreError
 from replay_pipeline.checkpoints import CheckpointError
 from replay_pipeline.config import CONF_DIR, ConfigError
 from replay_pipeline.resume import resolve_config
-from replay_pipeline.run.build import build_run
+from replay_pipeline.lease import LeaseHeld, acquire
+from replay_pipeline.run.build import build_run, run_mode
 from replay_pipeline.run.engines import run_dask_worker
 from replay_pipeline.run.loop import evaluate_start, generators_running, run_rounds, train_loop
+from replay_pipeline.run.lineage import note_flow_run
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import check_start_point, preflight
 from replay_pipeline.run.workers import run_worker_process
+from replay_pipeline.runs import RunPaths
+from flows.prefect_server import temporary_server
 from flows.progress import Progress, quiet_prefect_task_logs, summary_text
 
 _task = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+def _stoppable(body):
+    """A task body that ends as a CANCELLED task run when the run is asked to stop inside it
+    (replay_pipeline/stopping.py), instead of failing with a traceback; the loop then sees
+    the request and the flow ends the run."""
+    @functools.wraps(body)
+    def wrapper(*args, **kwargs):
+        try:
+            return body(*args, **kwargs)
+        except stopping.RunStopped as exc:
+            return Cancelled(message=str(exc))
+    return wrapper
 
 
 def _say(message: str) -> None:
@@ -61,11 +88,13 @@ def _say(message: str) -> None:
 
 
 @task(name="setup", **_task)
+@_stoppable
 def setup_task(cfg) -> TrainingRun:
     return build_run(cfg, log=_say)
 
 
 @task(name="rounds", task_run_name="rounds-{first}-{last}", **_task)
+@_stoppable
 def rounds_task(run: TrainingRun, first: int, last: int, progress: Progress, alive=None,
                 after_round=None) -> None:
     """Rounds `first`..`last` (replay_pipeline.run.loop.run_rounds): sync, or the async
@@ -74,6 +103,7 @@ def rounds_task(run: TrainingRun, first: int, last: int, progress: Progress, ali
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
+@_stoppable
 def evaluate_task(run: TrainingRun, version: int, sampled: bool = False) -> dict[str, float]:
     return run.evaluate(version, sampled=sampled)
 
@@ -94,11 +124,15 @@ def generator_task(run: TrainingRun, cfg_container: dict, worker: int, registry:
     return run_dask_worker(client, cfg_container, run.run_id, worker, run.control, registry, session)
 
 
-def _close_stale_flow_runs(run: TrainingRun) -> None:
-    """Record this flow run in the run's run.json, and mark CRASHED the run's earlier flow runs
-    that Prefect still shows RUNNING: a process killed with SIGKILL never reports its end, and a
-    resume is the first moment anyone knows it is gone."""
-    previous = run.note_flow_run(str(flow_run.id)) if flow_run.id else []
+def _close_stale_flow_runs(cfg) -> None:
+    """Record this flow run in the run's run.json (before the warm start, so a run killed
+    there is known), and mark CRASHED the run's earlier flow runs that Prefect still shows
+    RUNNING: a process killed with SIGKILL never reports its end, and a resume is the first
+    moment anyone knows it is gone."""
+    if not flow_run.id:
+        return
+    paths = RunPaths.make(cfg.tracking.root_dir, run_mode(cfg)[1])
+    previous = note_flow_run(paths, str(flow_run.id))
     if not previous:
         return
     with get_client(sync_client=True) as client:
@@ -110,7 +144,7 @@ def _close_stale_flow_runs(run: TrainingRun) -> None:
             if state is not None and state.is_running():
                 client.set_flow_run_state(
                     UUID(flow_run_id), Crashed(message=f"the process stopped without reporting; run "
-                                                       f"{run.run_id} was resumed by flow run {flow_run.id}"),
+                                                       f"{paths.run_id} was resumed by flow run {flow_run.id}"),
                     force=True)
 
 
@@ -136,35 +170,52 @@ def _async_loop(run: TrainingRun, progress: Progress) -> None:
         _loop(run, progress, alive, after_round=check)  # a crashed generator ends the run after its round
 
 
+def resume_hint(run_id: str) -> str:
+    return f"resume with: python -m flows.train resume={run_id}"
+
+
 @flow(name="train")
-def train(overrides: list[str] | None = None) -> dict[str, Any]:
+def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
     """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`,
-    `resume=<run_id>`, `fork=<run_id>@<step>`)."""
+    `resume=<run_id>`, `fork=<run_id>@<step>`). A stop request (Ctrl-C, SIGTERM,
+    replay_pipeline/stopping.py) ends it at the next safe point: MLflow KILLED, and the flow
+    run CANCELLED (the returned state) with what to type to resume it."""
     cfg = resolve_config(overrides)
-    quiet_prefect_task_logs()
-    run = setup_task(cfg)
-    _close_stale_flow_runs(run)
-    loop = run.settings.loop
-    status = "FAILED"
-    progress = Progress(run, enabled=run.settings.tracking.progress)
-    try:
-        evaluate_start(run, lambda version, sampled: evaluate_task(quote(run), version, sampled=sampled))
-        if run.start_step >= loop.steps:
-            print(f"run {run.run_id} already has {run.start_step} steps (loop.steps={loop.steps}); "
-                  "raise loop.steps to train it further", flush=True)
-        progress.start()
-        (_async_loop if run.settings.async_loop else _loop)(run, progress)
-        status = "FINISHED"
-    except (KeyboardInterrupt, ExternalSignal):  # Ctrl-C, or SIGTERM via Prefect's handler
-        status = "KILLED"
-        raise
-    finally:
-        progress.close()
-        summary = run.summary(status)
-        if status == "FINISHED":
-            run.log_final_model()
-        run.tracker.log_dict(summary, "summary.json")
-        run.finish(status)
+    if cfg.resume is None and cfg.run_id is None:
+        cfg.run_id = run_mode(cfg)[1]  # one id for run.json's flow runs and the run itself
+    with stopping.installed():  # over Prefect's own SIGTERM handler, for the flow's body
+        quiet_prefect_task_logs()
+        _close_stale_flow_runs(cfg)
+        run = setup_task(cfg) if stopping.requested() is None else Cancelled(message="stopped before the start")
+        if isinstance(run, State):  # stopped while it was being built: nothing to finish
+            return Cancelled(message=f"{run.message}; {resume_hint(cfg.resume or cfg.run_id)}")
+        loop = run.settings.loop
+        status = "FAILED"
+        progress = Progress(run, enabled=run.settings.tracking.progress)
+        stopped: stopping.RunStopped | None = None
+        try:
+            evaluate_start(run, lambda version, sampled: evaluate_task(quote(run), version, sampled=sampled))
+            if run.start_step >= loop.steps:
+                print(f"run {run.run_id} already has {run.start_step} steps (loop.steps={loop.steps}); "
+                      "raise loop.steps to train it further", flush=True)
+            progress.start()
+            (_async_loop if run.settings.async_loop else _loop)(run, progress)
+            status = "FINISHED"
+        except stopping.RunStopped as exc:
+            status, stopped = "KILLED", exc
+        except (KeyboardInterrupt, ExternalSignal):  # a second Ctrl-C: at once
+            status = "KILLED"
+            raise
+        finally:
+            progress.close()
+            summary = run.summary(status)
+            if status == "FINISHED":
+                run.log_final_model()
+            run.tracker.log_dict(summary, "summary.json")
+            run.finish(status)
+    if stopped is not None:
+        return Cancelled(message=f"{stopped}, with {run.policy_version} of {loop.steps} steps done "
+                                 f"(MLflow run KILLED); {resume_hint(run.run_id)}", data=summary)
     print(summary_text(summary))
     return summary
 
@@ -182,6 +233,7 @@ def _usage() -> str:
               "  python -m flows.train experiment=no_buffer loop.steps=100",
               "  python -m flows.train model=hf model.path=/path/to/hf/checkpoint",
               "  python -m flows.train resume=RUN_ID loop.steps=800   # continue (and extend) a run",
+              "  python -m flows.train resume=last                    # the newest run under tracking.root_dir",
               "  python -m flows.train fork=RUN_ID@100 algo.lr=1e-4   # new run from a checkpoint"]
     return "\n".join(lines)
 
@@ -200,18 +252,58 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resolve_config(overrides)  # fail before Prefect, MLflow or any model is touched
         preflight(cfg)
-        if cfg.resume is not None or cfg.fork is not None:
-            check_start_point(cfg, log=_say)
     except (ConfigError, PermissionError, CheckpointError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if show_cfg:
         print(OmegaConf.to_yaml(cfg))
         return 0
+    mode, run_id = run_mode(cfg)
+    if cfg.resume is not None:  # resume=last, resolved once
+        overrides = [o for o in overrides if not o.lstrip("+").startswith("resume=")] + [f"resume={run_id}"]
+    elif cfg.run_id is None:
+        overrides.append(f"run_id={run_id}")  # the id is decided here, so it can be shown and leased now
+    run_dir = RunPaths.make(cfg.tracking.root_dir, run_id).run_dir
+    created = not run_dir.exists()
+    try:  # the lease first: the start-point check tidies the run's checkpoints
+        lease = acquire(run_dir)
+    except LeaseHeld as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if cfg.resume is not None or cfg.fork is not None:
+            check_start_point(cfg, log=_say)
+    except (ConfigError, PermissionError, CheckpointError, StoreError) as exc:
+        lease.release()
+        if created:  # a refused fork leaves no empty run directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id} ({mode}) under {RunPaths.make(cfg.tracking.root_dir, run_id).root}; "
+          f"{resume_hint(run_id)}", flush=True)
     start = time.perf_counter()
-    train(overrides)
+    try:
+        with stopping.installed(), temporary_server():
+            stopping.check("the start")
+            state = train(overrides, return_state=True)
+        if state.is_cancelled():
+            print(f"{state.message} ({time.perf_counter() - start:.0f} s)", flush=True)
+            return 128 + _signal_number(stopping.requested())
+        state.result()  # a failed run raises its own error here
+    except stopping.RunStopped as exc:
+        print(f"{exc} before the run began; {resume_hint(run_id)}", flush=True)
+        return 128 + _signal_number(exc.signame)
+    except KeyboardInterrupt:
+        print(f"stopped at once (a second signal); {resume_hint(run_id)}", flush=True)
+        return 130
+    finally:
+        lease.release()
     print(f"total time {time.perf_counter() - start:.0f} s")
     return 0
+
+
+def _signal_number(name: str | None) -> int:
+    return int(getattr(signal, name or "SIGINT", signal.SIGINT))
 
 
 if __name__ == "__main__":

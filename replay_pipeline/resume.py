@@ -1,6 +1,7 @@
 """Resume and fork: which configuration a continued run uses, and what may change.
 
     python -m flows.train resume=<run_id> [loop.steps=N ...]
+    python -m flows.train resume=last                 # the newest run under tracking.root_dir
     python -m flows.train fork=<run_id>@<step> [any overrides]
 
 **Resume** continues a run from its newest valid checkpoint into the same rollout table, usage
@@ -38,7 +39,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.config import Config, ConfigError, flatten, load_config, validate
-from replay_pipeline.runs import RunPaths
+from replay_pipeline.runs import RunPaths, list_runs
+
+#: `resume=last`: the newest run under tracking.root_dir (replay_pipeline.runs.list_runs).
+LAST = "last"
 
 #: Keys a resume may change: they do not alter what the run generates or learns.
 RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_samples", "loop.eval_top_p",
@@ -121,6 +125,12 @@ def resolve_config(overrides: list[str] | None) -> DictConfig:
         raise ConfigError("give either resume=<run_id> or fork=<run_id>@<step>, not both")
     changes = changed_keys(cfg, load_config([]))
     root = cfg.tracking.root_dir
+    if cfg.resume == LAST:
+        runs = list_runs(root)
+        if not runs:
+            raise ConfigError(f"resume={LAST}: no run under {RunPaths.make(root, LAST).root} (no */config.yaml); "
+                              "pass tracking.root_dir=<the runs' root>")
+        cfg.resume = runs[-1]
     if cfg.resume is not None:
         saved = saved_config(root, cfg.resume)
         old = flatten(saved)

@@ -13,6 +13,7 @@ Ground floor: imports nothing of the project.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from dataclasses import dataclass
@@ -75,6 +76,24 @@ class RunPaths:
         ensure_writable(self.root)
         for d in (self.run_dir, self.checkpoints, self.cache, self.artifact_location):
             d.mkdir(parents=True, exist_ok=True)
+
+
+def list_runs(root: str | Path) -> list[str]:
+    """The run ids under `root` (directories holding a config.yaml), oldest first: by the
+    `created_at` of their run.json, else by when their config.yaml was first written."""
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        return []
+    found = []
+    for config in root.glob("*/config.yaml"):
+        try:
+            created = json.loads((config.parent / "run.json").read_text()).get("created_at")
+        except (OSError, ValueError):
+            created = None
+        if not created:
+            created = datetime.fromtimestamp(config.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
+        found.append((str(created), config.parent.name))
+    return [run_id for _, run_id in sorted(found)]
 
 
 def ensure_writable(root: str | Path) -> Path:

@@ -93,6 +93,11 @@ class StoreError(RuntimeError):
     """A store operation was refused; the message says why and what to do instead."""
 
 
+class ConcurrentAppend(StoreError):
+    """A numbered append found rows it did not expect: another process writes the same table.
+    Never retried (a retry would interleave two drivers' steps)."""
+
+
 def sql_str(value: str) -> str:
     """A SQL string literal (single quotes doubled)."""
     return "'" + value.replace("'", "''") + "'"
@@ -569,9 +574,12 @@ class LanceTable:
         holds another number (another writer appended in between) nothing is written and
         :class:`StoreError` says so."""
         if expect_count is not None and (held := self.count()) != expect_count:
-            raise StoreError(f"cannot append to {self.table_name!r}: the rows were numbered for a table of "
-                             f"{expect_count} rows, but it holds {held} (another writer appended in between); "
-                             "nothing was written: prepare them again")
+            raise ConcurrentAppend(
+                f"cannot append to {self.table_name!r}: the rows were numbered for a table of {expect_count} "
+                f"rows, but it holds {held}: another process appended in between. Nothing was written. A "
+                "run has one driver (replay_pipeline/lease.py), so this is a second process on the same "
+                "table (another root on the same buffer.uri?); stopping rather than interleaving two runs' "
+                "steps. `python -m flows.query runs` shows who holds each run")
         self._dataset().insert(prepared)
         self.last_appended = prepared
         return prepared.num_rows

@@ -12,7 +12,9 @@ Rules (DESIGN.md, principles 3 and 5):
   caller's thread, and committed behind the learner; a *replayed* one (a resume's steps whose
   rows a stopped process may have stored) goes through the idempotent append at once.
 * Every write is retried through the idempotent append (`retry_storage`): a retry after a
-  commit whose outcome was lost inserts nothing.
+  commit whose outcome was lost inserts nothing. Except when a numbered append finds rows it
+  did not number from (`ConcurrentAppend`): only another driver on the table explains that,
+  and the run stops rather than interleave two runs' steps.
 * Compaction: both tables every buffer.compact_every rounds (sync), or every compact_every
   table versions (async: each generator batch is one), on the writer thread.
 """
@@ -27,6 +29,7 @@ import pyarrow as pa
 
 from replay_pipeline import faults
 from replay_pipeline.buffer.cache import WindowCache
+from replay_pipeline.buffer.lance_table import ConcurrentAppend
 from replay_pipeline.buffer.store import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.buffer.writer import WriteBehind
@@ -38,6 +41,8 @@ def retry_storage(fn: Callable[[int], Any], attempts: int = 3, delay: float = 1.
     for attempt in range(attempts):
         try:
             return fn(attempt)
+        except ConcurrentAppend:
+            raise  # another driver on this table: a retry would interleave two runs' steps
         except (OSError, RuntimeError) as exc:
             if attempt == attempts - 1:
                 raise

@@ -37,6 +37,7 @@ from typing import Sequence
 
 import torch
 
+from replay_pipeline import stopping
 from replay_pipeline.generation.base import Sample, call_settings, check_positions
 
 
@@ -112,6 +113,7 @@ class TransformersGenerator:
         torch.manual_seed(seed)
         flat: list[Sample] = []
         for start in range(0, len(rows), self.batch_size):
+            stopping.check("generation")  # a Ctrl-C does not wait for a long evaluation
             flat.extend(self._generate_rows(rows[start:start + self.batch_size], greedy,
                                             temperature, top_p, max_new))
         return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]

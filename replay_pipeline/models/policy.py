@@ -25,12 +25,13 @@ def policy_dir(cfg: Any, task, paths: RunPaths) -> Path:
 
 
 def _warm_start_settings(cfg: Any) -> dict[str, Any]:
-    """warm_start's keyword arguments (but `log`) for the built-in model of `cfg`."""
+    """warm_start's keyword arguments (but `log`) for the built-in model of `cfg`; it trains
+    at model.torch_threads (part of its cache key: another count gives other weights)."""
     m, w = cfg.model, cfg.model.warmstart
     return dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                 intermediate_size=m.intermediate_size, lr=w.lr, warmup_steps=w.warmup_steps,
                 batch_size=w.batch_size, max_steps=w.max_steps, eval_every=w.eval_every,
-                target_accuracy=w.target_accuracy, seed=w.seed)
+                target_accuracy=w.target_accuracy, seed=w.seed, threads=int(m.torch_threads or 0))
 
 
 def load_policy(cfg: Any, task, paths: RunPaths, log: Callable[[str], Any] = print):

@@ -18,7 +18,11 @@ Decisions:
   it into place after `warmstart.json` is written, so a directory holding `warmstart.json` is
   always complete; one without it (left by a crash or an interrupted copy) is rebuilt.
 - Deterministic given `seed` and the thread count: seeded initialisation, numpy batches,
-  no dropout. Torch uses 2 threads while it runs (the machine's cores), restored afterwards.
+  no dropout. It trains at the caller's torch thread count (a run's `model.torch_threads`:
+  two threads on two cores shared with another job spin-wait 10-30x slower), and the count is
+  part of the cache key, since another count sums in another order and gives other weights.
+- A stop request (Ctrl-C, SIGTERM: replay_pipeline/stopping.py) ends it between steps; the
+  temporary directory is removed and nothing is cached.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from replay_pipeline import faults, stopping
 from replay_pipeline.evaluation import evaluate_greedy
 from replay_pipeline.generation import TransformersGenerator
 from replay_pipeline.models.loading import load_pretrained
@@ -48,7 +53,6 @@ from replay_pipeline.tasks.base import Prompt, Task
 CACHE_FORMAT = 1
 """Bump when training or the checkpoint layout changes so old caches stop matching."""
 RESULT_FILE = "warmstart.json"
-TORCH_THREADS = 2
 
 
 @dataclass
@@ -82,9 +86,11 @@ def warm_start(
     eval_every: int = 25,
     target_accuracy: float = 0.25,
     seed: int = 0,
+    threads: int | None = None,
     log: Callable[[str], Any] = print,
 ) -> WarmStartResult:
     """Return the cached warm-start checkpoint for these settings, training it if missing.
+    `threads`: torch threads to train with (None or 0: torch's current count, keyed as 0).
 
     Raises RuntimeError if validation accuracy has not reached `target_accuracy` after
     `max_steps` steps.
@@ -93,7 +99,7 @@ def warm_start(
         hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
         intermediate_size=intermediate_size, lr=lr, warmup_steps=warmup_steps,
         batch_size=batch_size, max_steps=max_steps, eval_every=eval_every,
-        target_accuracy=target_accuracy, seed=seed,
+        target_accuracy=target_accuracy, seed=seed, threads=int(threads or 0),
     )  # fmt: skip
     _validate(settings)
     key = _cache_key(task, settings)
@@ -177,7 +183,7 @@ def _train(
     task: Task, out_dir: Path, s: dict[str, Any], log: Callable[[str], Any]
 ) -> WarmStartResult:
     threads = torch.get_num_threads()
-    torch.set_num_threads(TORCH_THREADS)
+    torch.set_num_threads(s["threads"] or threads)
     try:
         with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's RNG
             return _train_loop(task, out_dir, s, log)
@@ -206,6 +212,8 @@ def _train_loop(
     )
     accuracy, losses = 0.0, []
     for step in range(1, s["max_steps"] + 1):
+        faults.crash_point("warm_start", step)
+        stopping.check("the warm start")
         model.train()
         batch = _supervised_batch(tokenizer, task.train_prompts(s["batch_size"], rng))
         loss = model(**batch).loss

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from replay_pipeline import stopping
 from replay_pipeline.buffer.cache import WindowCache
 from replay_pipeline.buffer.store import META_COLUMNS
 from replay_pipeline.buffer.tables import RunTables
@@ -24,12 +25,14 @@ from replay_pipeline.compute import ComputeLedger
 from replay_pipeline.config import TASK_DEFAULTS, flatten
 from replay_pipeline.generation import build_generator
 from replay_pipeline.learner import Learner
+from replay_pipeline.lease import acquire
 from replay_pipeline.models.device import resolve_device
 from replay_pipeline.models.policy import load_policy
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import LEARN_COLUMNS, quiet_transformers
 from replay_pipeline.run.files import AsyncDir
-from replay_pipeline.run.lineage import open_tables, open_tracker, restore, start_point, write_run_info
+from replay_pipeline.run.lineage import (RUN_INFO, note_end, open_tables, open_tracker, restore, start_point,
+                                        write_run_info)
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import preflight
 from replay_pipeline.run.replay import ReplaySampler
@@ -55,8 +58,40 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
     mode, run_id = run_mode(cfg)
     paths = RunPaths.make(cfg.tracking.root_dir, run_id)
     paths.ensure()
-    start, lineage = start_point(cfg, mode, paths, log)
-    settings = build_settings(cfg, run_id, mode)
+    lease = acquire(paths.run_dir)  # LeaseHeld: another live process drives this run
+    opened, start = tracker, None
+    try:
+        start, lineage = start_point(cfg, mode, paths, log)
+        settings = build_settings(cfg, run_id, mode)
+        # The run's identity first, before the warm start and the first round, so that a run
+        # killed at any later point can be resumed: its configuration, tables, MLflow run and
+        # run.json (restarting from step 0, every stored row kept, when it has no checkpoint).
+        resolved = settings.container()
+        (paths.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        uri = settings.buffer.uri or str(paths.lancedb)
+        store, usage = open_tables(uri, mode, run_id, lineage, dict(settings.buffer.storage_options or {}))
+        if tracker is None:
+            tracker = opened = open_tracker(settings, mode, paths, store, usage, uri, lineage)
+        start_step = int(start[1]["step"]) if start is not None else 0
+        write_run_info(paths, mode, lineage, tracker, store, usage, start_step)
+        run = _build(settings, mode, paths, start, lineage, store, usage, tracker, log)
+    except BaseException:
+        status = "KILLED" if stopping.requested() else "FAILED"  # stopped (Ctrl-C, SIGTERM) or failed while built
+        try:
+            if opened is not None:
+                opened.finish(status)
+            if (paths.run_dir / RUN_INFO).is_file():
+                note_end(paths, status, int(start[1]["step"]) if start is not None else 0, None)
+        finally:
+            lease.release()
+        raise
+    run.lease = lease
+    return run
+
+
+def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: dict[str, Any],
+           store: Any, usage: Any, tracker: Any, log: Callable[[str], Any]) -> TrainingRun:
+    """The model side of build_run, once the run's identity is stored."""
     quiet_transformers()
     if settings.model.torch_threads:
         torch.set_num_threads(settings.model.torch_threads)
@@ -71,13 +106,8 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
         generator.share_weights(model)  # the learner's updates are the generator's (no copy per round)
     learner = _learner(settings, model, generator.pad_id)
 
-    uri = settings.buffer.uri or str(paths.lancedb)
-    store, usage = open_tables(uri, mode, run_id, lineage, dict(settings.buffer.storage_options or {}))
     resolved = settings.container()
-    (paths.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-    if tracker is None:
-        tracker = open_tracker(settings, mode, paths, store, usage, uri, lineage)
-    if mode != "resume":
+    if mode != "resume" or not tracker.params():  # a resume of a run stopped in its warm start too
         tracker.log_params({**flatten(resolved), "policy.parameters": learner.num_parameters(),
                             **{f"policy.{k}": v for k, v in policy_info.items()}})
         tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
@@ -105,12 +135,20 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
         run.stored_through = store.max_step() if mode != "new" else -1
         run.sampler.used_through = usage.max_learner_step() if mode != "new" else -1
         run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
-    write_run_info(paths, mode, lineage, tracker, store, usage, run.start_step)
     if mode != "new":
-        log(f"{mode} {run_id} at step {run.start_step} (policy version {run.policy_version}); "
-            f"{max(run.stored_through - run.start_step + 1, 0)} steps of rollouts already stored "
-            f"will be reused, not regenerated")
+        log(f"{mode} {run.run_id} at step {run.start_step} (policy version {run.policy_version}): "
+            + _kept(run))
     return run
+
+
+def _kept(run: TrainingRun) -> str:
+    """What a resume or fork keeps, in its own words: the sync loop replays the stored steps
+    without generating them again; the async loop keeps every stored rollout as buffer data."""
+    if run.settings.async_loop:
+        return (f"{run.window_end:,} stored rollouts kept as buffer data (the async loop does not "
+                "replay steps: its generators go on from the newest weights)")
+    steps = max(run.stored_through - run.start_step + 1, 0)
+    return f"{steps} steps of rollouts already stored will be reused, not regenerated"
 
 
 def _learner(settings: Settings, model: Any, pad_id: int) -> Learner:

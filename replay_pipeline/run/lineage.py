@@ -6,8 +6,9 @@ continues, what its checkpoints hold, and its record `<run_dir>/run.json`.
 - `open_tracker`: a new MLflow run tagged with the lineage, or the resumed one;
 - `checkpoint_state` / `restore`: what a checkpoint's state.json holds for a bit-for-bit
   resume, and loading it back into a freshly built run;
-- `write_run_info` / `note_flow_run`: run.json, the run's MLflow run id, tables, fork lineage, resumes and Prefect
-  flow runs (a resume needs the MLflow run id even if the run stopped before its first
+- `write_run_info` / `note_flow_run` / `note_end`: run.json, the run's MLflow run id, tables, fork
+  lineage, resumes, Prefect flow runs and how its last process ended; `run_status` reads it back
+  with the lease and the newest checkpoint (`flows.query runs`) (a resume needs the MLflow run id even if the run stopped before its first
   checkpoint).
 
 Configuration rules for resume and fork (which keys may change) are
@@ -26,9 +27,11 @@ from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.lance_table import sql_str
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoint_step, latest_valid,
-                                         list_checkpoints, load_optimizer_state, remove_partial, restore_rng)
+                                         list_checkpoints, load_optimizer_state, read_state, remove_partial,
+                                         restore_rng)
 from replay_pipeline.compute import ComputeLedger
 from replay_pipeline.config import ConfigError, flatten
+from replay_pipeline.lease import holder as lease_holder
 from replay_pipeline.models.loading import load_pretrained
 from replay_pipeline.resume import config_hash, parse_fork, saved_config
 from replay_pipeline.runs import RunPaths, artifact_location
@@ -90,7 +93,7 @@ def start_point(cfg: Any, mode: str, paths: RunPaths, log: Callable[[str], Any]
                 f"{path} was written with a different configuration (config hash "
                 f"{state.get('config_hash')} != {current}): {paths.run_dir / 'config.yaml'} "
                 f"was changed since. Restore it, or fork the run instead: fork={paths.run_id}@{state['step']}")
-        return found, {"mode": "resume", "checkpoint": str(path)}
+        return found, {"mode": "resume", "checkpoint": str(path), "mlflow_run_id": state.get("mlflow_run_id")}
     if list_checkpoints(paths.checkpoints):
         warnings.warn(f"no checkpoint of {paths.run_id} verifies; restarting it from its start "
                       "(its stored rollouts are reused, not regenerated)")
@@ -116,6 +119,9 @@ def open_tables(uri: str, mode: str, run_id: str, lineage: dict[str, Any],
     opts = {"storage_options": storage_options}
     if mode == "new":
         return RolloutStore.create(uri, run_id, **opts), UsageStore.create(uri, run_id, **opts)
+    if mode == "resume" and lineage.get("checkpoint") is None and not lineage.get("fork_restart"):
+        # no checkpoint yet: the stopped process may have died before it created both tables
+        return RolloutStore.open_or_create(uri, run_id, **opts), UsageStore.open_or_create(uri, run_id, **opts)
     if mode == "fork" or lineage.get("fork_restart"):
         source, step, tag = lineage["source_run"], lineage["source_step"], lineage["tag"]
         mine = f"run_id != {sql_str(run_id)}"
@@ -130,11 +136,13 @@ def open_tracker(cfg: Any, mode: str, paths: RunPaths, store: RolloutStore, usag
              uri: str, lineage: dict[str, Any]) -> MlflowTracker:
     mlflow_uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
     if mode == "resume":
-        run_id = read_run_info(paths.root, paths.run_id).get("mlflow_run_id")
-        if not run_id:
+        run_id = read_run_info(paths.root, paths.run_id).get("mlflow_run_id") or lineage.get("mlflow_run_id")
+        if run_id:
+            return MlflowTracker.attach(mlflow_uri, run_id)
+        if lineage.get("checkpoint") is not None:
             raise CheckpointError(f"{paths.run_dir / RUN_INFO} is missing, so the MLflow run of "
                                   f"{paths.run_id} is unknown; fork the run from a checkpoint instead")
-        return MlflowTracker.attach(mlflow_uri, run_id)
+        # stopped before its MLflow run was opened (and with no checkpoint): open it now
     tags = {"replay_pipeline.run_id": paths.run_id, "replay_pipeline.rollout_table": store.table_name,
             "replay_pipeline.usage_table": usage.table_name,
             "replay_pipeline.lancedb_uri": uri, "replay_pipeline.run_dir": str(paths.run_dir)}
@@ -176,17 +184,79 @@ def write_run_info(paths: RunPaths, mode: str, lineage: dict[str, Any], tracker:
              "checkpoint": lineage.get("checkpoint")})
         tracker.set_tags({"replay_pipeline.resumes": str(len(info["resumes"])),
                           f"replay_pipeline.resume_{len(info['resumes'])}_from_step": str(start_step)})
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    info.setdefault("created_at", now)
+    info["last_started_at"] = now
+    if info.get("prefect_flow_runs"):
+        tracker.set_tags({"prefect.flow_run_id": info["prefect_flow_runs"][-1]})
     save_run_info(paths, info)
 
 
-def note_flow_run(paths: RunPaths, tracker: Any, flow_run_id: str) -> list[str]:
-    """Add an orchestrator (Prefect) flow run id to run.json; returns the ones before it."""
+def note_flow_run(paths: RunPaths, flow_run_id: str) -> list[str]:
+    """Add an orchestrator (Prefect) flow run id to run.json (before the run is built, so a
+    run killed in its warm start is known too; write_run_info tags the MLflow run with it);
+    returns the ones before it."""
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
     info = read_run_info(paths.root, paths.run_id)
     previous = list(info.get("prefect_flow_runs", []))
     info["prefect_flow_runs"] = previous + [flow_run_id]
     save_run_info(paths, info)
-    tracker.set_tags({"prefect.flow_run_id": flow_run_id})
     return previous
+
+
+def note_end(paths: RunPaths, status: str, steps_done: int, accuracy: float | None) -> None:
+    """How the process that drove the run ended, in run.json (what `flows.query runs` shows)."""
+    info = read_run_info(paths.root, paths.run_id)
+    info.update({"status": status, "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "steps_done": int(steps_done), "heldout_accuracy": accuracy})
+    save_run_info(paths, info)
+
+
+#: run_status's `status`, from the lease and run.json.
+STATUSES = {"running": "a live process holds the run's lease",
+            "finished": "ended normally", "killed": "stopped by Ctrl-C or SIGTERM (resumable)",
+            "failed": "ended with an error", "crashed": "ended without reporting (kill -9, power cut, "
+                                                       "OOM): resume it"}
+
+
+def run_status(root: str | Path, run_id: str) -> dict[str, Any]:
+    """A run's state from its directory: status (STATUSES), holder (PID@host since, when
+    running), steps_done (from run.json once ended, else through the newest checkpoint: where
+    a resume would continue), steps_planned (config.yaml's loop.steps), heldout_accuracy (the
+    last evaluation recorded there) and started_at."""
+    paths = RunPaths.make(root, run_id)
+    try:
+        info = read_run_info(paths.root, run_id)
+    except ConfigError:
+        info = {}
+    live = lease_holder(paths.run_dir)
+    ended = info.get("status") if info.get("ended_at", "") >= info.get("last_started_at", "") else None
+    if live is not None:
+        status = "running"
+    elif ended in ("FINISHED", "KILLED", "FAILED"):
+        status = {"FINISHED": "finished", "KILLED": "killed", "FAILED": "failed"}[ended]
+    else:
+        status = "crashed"
+    steps, accuracy = (info.get("steps_done"), info.get("heldout_accuracy")) if live is None and ended else (None, None)
+    if steps is None:
+        done = list_checkpoints(paths.checkpoints) if paths.checkpoints.is_dir() else []
+        state = {}
+        if done:
+            try:
+                state = read_state(done[-1])
+            except CheckpointError:
+                state = {}
+        steps = int(state.get("step", 0))
+        history = state.get("history", {}).get("eval/accuracy") or []
+        accuracy = float(history[-1][1]) if history else None
+    try:
+        planned = int(saved_config(paths.root, run_id)["loop"]["steps"])
+    except (ConfigError, KeyError, TypeError, ValueError):
+        planned = None
+    return {"status": status,
+            "holder": f"PID {live['pid']} on {live['host']} since {live['since']}" if live else None,
+            "steps_done": steps, "steps_planned": planned, "heldout_accuracy": accuracy,
+            "started_at": info.get("created_at")}
 
 
 # ---------------------------------------------------------------------------- checkpoints

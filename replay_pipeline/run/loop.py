@@ -14,8 +14,9 @@ Consecutive rounds run as one unit (`segments`: at most loop.rounds_per_task, en
 evaluation or a checkpoint falls due, so a unit's rounds are never split by one). How a unit,
 an evaluation and a checkpoint are run is the caller's: `train_loop` calls them directly unless
 given wrappers (flows/train.py makes each a Prefect task, so the UI shows the run's progress).
-Evaluations and checkpoints are timed as scheduled extras, outside the overhead figure. This
-module must not import Prefect, MLflow or the flows.
+Evaluations and checkpoints are timed as scheduled extras, outside the overhead figure. A stop
+request (Ctrl-C, SIGTERM: replay_pipeline/stopping.py) raises RunStopped before the next round,
+never inside one's writes. This module must not import Prefect, MLflow or the flows.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterator
 
+from replay_pipeline import faults, stopping
 from replay_pipeline.run.engines import dask_client
 from replay_pipeline.run.files import Heartbeat
 from replay_pipeline.run.phases import TrainingRun
@@ -55,6 +57,7 @@ def run_rounds(run: TrainingRun, first: int, last: int, progress: Callable[[int]
     (before the checkpoint that covers it). Sync unless `alive` (the async generators'
     liveness) is given; `after_round` runs after each (the async loop's generator check)."""
     for step in range(first, last + 1):
+        stopping.check(f"the rounds, before step {step}")
         metrics = sync_round(run, step) if alive is None else async_round(run, step, alive)
         run.log(step, metrics | run.compute_metrics())
         if progress is not None:
@@ -90,7 +93,15 @@ def segments(loop: Any, start: int) -> list[tuple[int, int]]:
 def evaluate_start(run: TrainingRun, evaluate: Callable[[int, bool], dict] | None = None) -> None:
     """The starting policy's evaluation (greedy and sampled), for a run at step 0."""
     if run.start_step == 0:
-        run.log(0, (evaluate or run.evaluate)(0, True))
+        _log_evaluation(run, 0, (evaluate or run.evaluate)(0, True))
+
+
+def _log_evaluation(run: TrainingRun, done: int, metrics: Any) -> None:
+    """Log an evaluation's metrics, unless it was stopped (a wrapper's stopped evaluation
+    returns no metrics: then RunStopped, in the caller)."""
+    if isinstance(metrics, dict):
+        run.log(done, metrics)
+    stopping.check("the evaluation")
 
 
 def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None,
@@ -105,12 +116,15 @@ def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None
     loop = run.settings.loop
     run.accounting.start_loop()
     for first, last in segments(loop, run.start_step):
+        stopping.check(f"the rounds, before step {first}")
         rounds(first, last)
+        stopping.check(f"the rounds, before step {last + 1}")  # a wrapper's stopped rounds return
+        faults.crash_point("between_tasks", last)
         done = last + 1
         extras = time.perf_counter()
         evaluate_now, sampled, checkpoint_now = extras_due(loop, done)
         if evaluate_now:
-            run.log(done, evaluate(run.policy_version, sampled))
+            _log_evaluation(run, done, evaluate(run.policy_version, sampled))
         if checkpoint_now:
             checkpoint(done)
         run.accounting.scheduled_seconds += time.perf_counter() - extras

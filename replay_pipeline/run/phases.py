@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from replay_pipeline import faults
+from replay_pipeline import faults, stopping
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.schema import make_rollout_id
 from replay_pipeline.buffer.tables import RunTables
@@ -48,7 +48,7 @@ from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import (SEED_EVAL, GeneratedBatch, generate_batch, score_batch, step_prompts,
                                          step_seed, usage_table)
 from replay_pipeline.run.files import AsyncDir
-from replay_pipeline.run.lineage import checkpoint_state, json_dumps, note_flow_run
+from replay_pipeline.run.lineage import checkpoint_state, json_dumps, note_end
 from replay_pipeline.run.replay import ReplaySampler
 from replay_pipeline.run.settings import Settings
 from replay_pipeline.runs import RunPaths
@@ -84,6 +84,8 @@ class TrainingRun:
     """Async loop: where each policy version is published for the generator processes."""
     control: AsyncDir | None = None
     """Async loop: the STOP flag and the generator workers' stats."""
+    lease: Any = None
+    """The run lease this process holds (replay_pipeline/lease.py), given back by `finish`."""
 
     @property
     def run_id(self) -> str:
@@ -261,6 +263,7 @@ class TrainingRun:
                                    f"above, their stats in {self.control.path if self.control else '?'}")
             if now - last_change > timeout:
                 raise RuntimeError(f"no new rollout for {timeout:.0f} s; the generators are stuck")
+            stopping.check("the wait for rollouts")
             time.sleep(0.01)
         self.window_end = rows
         waited = time.perf_counter() - start
@@ -278,6 +281,7 @@ class TrainingRun:
         loop.eval_top_p, and the sampled entropy and length."""
         start = time.perf_counter()
         metrics = evaluate_greedy(self.generator, self.task, self.heldout, seed=self.settings.seed)
+        faults.crash_point("evaluate", step)
         if sampled:
             seed = step_seed(self.settings.seed, self.policy_version, SEED_EVAL)
             loop = self.settings.loop
@@ -333,10 +337,6 @@ class TrainingRun:
         tables in the middle of a run; checkpoints and the end of the run call it."""
         self.tables.wait()
 
-    def note_flow_run(self, flow_run_id: str) -> list[str]:
-        """Add an orchestrator (Prefect) flow run id to run.json; returns the ones before it."""
-        return note_flow_run(self.paths, self.tracker, flow_run_id)
-
     def summary(self, status: str = "FINISHED") -> dict[str, Any]:
         self.tables.settle(run_id=self.run_id)  # the counts below include the last round's writes
         return self.accounting.summary(
@@ -358,12 +358,19 @@ class TrainingRun:
     def finish(self, status: str = "FINISHED") -> None:
         """End the run: the mirror and the writer thread (a failed last write turns FINISHED
         into FAILED), the published weights, the MLflow run's `status`; then close the
-        generator (a vLLM engine's GPU memory) even if that failed."""
+        generator (a vLLM engine's GPU memory) and give the run lease back, even if that failed."""
         try:
             if not self.tables.close(run_id=self.run_id) and status == "FINISHED":
                 status = "FAILED"
             if self.weights is not None:
                 self.weights.flush()
             self.tracker.finish(status)
+            accuracy = self.history.get("eval/accuracy") or [(0, None)]
+            note_end(self.paths, status, self.policy_version, accuracy[-1][1])
         finally:
-            self.generator.close()
+            try:
+                self.generator.close()
+            finally:
+                if self.lease is not None:
+                    self.lease.release()
+                    self.lease = None

@@ -94,7 +94,9 @@ def check_start_point(cfg: Any, log: Callable[[str], Any] = print) -> None:
     open (a missing table or a schema mismatch is refused, the table left untouched)."""
     mode = "resume" if cfg.resume else "fork"
     paths = RunPaths.make(cfg.tracking.root_dir, cfg.resume or cfg.run_id or "pending-fork")
-    start_point(cfg, mode, paths, log=log)
+    found, _ = start_point(cfg, mode, paths, log=log)
+    if found is None and mode == "resume":
+        return  # no checkpoint yet: the run restarts from step 0 and opens (or creates) its tables
     table_run = cfg.resume if mode == "resume" else cfg.fork.partition("@")[0]
     uri = cfg.buffer.uri or str(paths.lancedb)
     opts = cfg.buffer.storage_options  # an unreachable object store was refused by preflight

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import socket
 import time
 from contextlib import ExitStack
@@ -99,6 +100,9 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
                      session: str | None = None) -> dict[str, Any]:
     """Generator worker `worker` (see `_generator_worker`); its generator is closed however the
     worker ends (a vLLM engine gives its GPU memory back)."""
+    if parent_pid is not None:  # a child of the learner: Ctrl-C reaches the whole terminal's group,
+        # but only the learner decides when to stop (it writes STOP; replay_pipeline/stopping.py)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     with ExitStack() as resources:
         return _generator_worker(resources, cfg_container, run_id, worker, parent_pid, session)
 

@@ -67,6 +67,7 @@ def cli(root) -> dict[str, Result]:
     r, db, out = str(root), str(root / "lancedb"), root / "out"
     cases = {
         "runs": ["runs", "--root", r],
+        "runs_db": ["runs", "--uri", db],
         "table": ["rollouts", "run-a", "--uri", db, "--versions", "1:2", "--limit", "3"],
         "csv": ["rollouts", "run-a", "--root", r, "--versions", "1:2", "--correct",
                 "--format", "csv", "--output", str(out / "r.csv")],
@@ -83,7 +84,7 @@ def cli(root) -> dict[str, Result]:
 
 # ------------------------------------------------------------------ tables
 def test_runs_table(cli):
-    res = cli["runs"]
+    res = cli["runs_db"]  # the database alone: its tables' figures
     assert res.rc == 0, res.stderr
     header, rule, a, b, *footer = res.stdout.splitlines()
     assert header.split()[0] == "run_id"  # the other headers are abbreviated to fit 100 columns
@@ -91,6 +92,15 @@ def test_runs_table(cli):
     assert a.split()[:5] == ["run-a", "32", "22", "0", "3"] and "[step-000" in a  # tag, truncated
     assert b.split()[:3] == ["run-b", "8", "0"]
     assert footer == ["2 runs"]
+
+
+def test_runs_under_a_root_show_status_columns_and_tables_without_a_run_directory(cli):
+    res = cli["runs"]  # --root: these tables were written without run directories
+    assert res.rc == 0, res.stderr
+    header, rule, *rows, footer = res.stdout.splitlines()
+    assert header.split() == ["run_id", "status", "pid", "steps", "accuracy", "started", "rollouts"]
+    assert sorted(r.split() for r in rows) == [["run-a", "unknown", "?/?", "32"], ["run-b", "unknown", "?/?", "8"]]
+    assert footer == "2 runs"
 
 
 def test_rollouts_table_is_width_limited_and_says_how_many_matched(cli):

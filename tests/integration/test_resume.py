@@ -262,3 +262,22 @@ def test_cli_refuses_to_resume_a_table_whose_schema_does_not_match(tmp_path, ref
     assert main([f"tracking.root_dir={other}", "resume=straight"]) == 2
     assert "does not match ROLLOUT_SCHEMA" in capsys.readouterr().err
     assert db.open_table("rollouts_straight").count_rows() == 1  # left as it was
+
+
+def test_resume_last_picks_the_newest_run_under_the_root_and_says_when_there_is_none(tmp_path):
+    import json as _json
+
+    from omegaconf import OmegaConf
+
+    from replay_pipeline.config import ConfigError, load_config
+    from replay_pipeline.resume import resolve_config
+
+    with pytest.raises(ConfigError, match="resume=last: no run under"):
+        resolve_config(["resume=last", f"tracking.root_dir={tmp_path}"])
+    for run_id, created in [("b-older", "2026-12-01T10:00:00+00:00"), ("a-newer", "2026-12-01T11:00:00+00:00")]:
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "config.yaml").write_text(OmegaConf.to_yaml(load_config([f"run_id={run_id}"])))
+        (tmp_path / run_id / "run.json").write_text(_json.dumps({"created_at": created}))
+    (tmp_path / "z-no-config").mkdir()  # a directory without config.yaml is not a run
+    cfg = resolve_config(["resume=last", f"tracking.root_dir={tmp_path}", "loop.steps=7"])
+    assert cfg.resume == "a-newer" and cfg.run_id == "a-newer" and cfg.loop.steps == 7

@@ -467,3 +467,24 @@ def test_columns_to_table_matches_rows_to_table_and_names_bad_columns():
         columns_to_table({**columns, "reward": [0.0, 1.0, 0.0]}, len(rows))
     with pytest.raises(SchemaMismatch, match="column 'step' cannot be converted"):
         columns_to_table({**columns, "step": ["x"] * len(rows)}, len(rows))
+
+
+def test_a_numbered_append_behind_another_writers_rows_is_refused_not_retried(store, tmp_path):
+    """Issue 22: the sync loop numbers a step's rows for the table it knows; a table that grew
+    in between is another driver's doing, so the write stops the run instead of retrying."""
+    from replay_pipeline.buffer.lance_table import ConcurrentAppend
+    from replay_pipeline.buffer.tables import retry_storage
+
+    store.append(make_rows(0))
+    prepared = store.prepare(make_rows(1), known_new=True, start=store.count())
+    other = RolloutStore.open(tmp_path / "db", RUN)  # a second process on the same table
+    other.append(make_rows(2))
+    calls = []
+
+    def commit(attempt):
+        calls.append(attempt)
+        return store.insert(prepared, expect_count=8)
+    with pytest.raises(ConcurrentAppend, match="another process appended in between"):
+        retry_storage(commit, delay=0)
+    assert calls == [0]  # not retried
+    assert store.count() == 16 and sorted(set(store.window(100, columns=["step"]).column("step").to_pylist())) == [0, 2]

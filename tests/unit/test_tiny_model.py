@@ -147,3 +147,28 @@ def test_warm_start_that_misses_its_target_raises_and_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="max_steps"):
         _tiny_warm_start(task, tmp_path, target_accuracy=1.0, max_steps=2, eval_every=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_warm_start_trains_at_the_threads_it_is_given_and_keys_them(tmp_path):
+    task = AdditionTask(digits=1, heldout_size=20, validation_size=20)
+    seen = []
+    before = torch.get_num_threads()
+    one = _tiny_warm_start(task, tmp_path, threads=1, log=lambda _: seen.append(torch.get_num_threads()))
+    assert seen and set(seen) == {1}  # it trained at one thread (issue 22: no hard-coded 2)
+    assert torch.get_num_threads() == before  # and gave the caller's count back
+    assert json.loads((one.path / "warmstart.json").read_text())["key"]["threads"] == 1
+    assert _tiny_warm_start(task, tmp_path, threads=2).path != one.path  # other sums, other entry
+
+
+def test_a_stop_request_ends_the_warm_start_between_steps_and_caches_nothing(tmp_path):
+    from replay_pipeline import stopping
+    task = AdditionTask(digits=1, heldout_size=20, validation_size=20)
+
+    def stop_at_first_evaluation(_):
+        stopping.request("SIGINT")
+    try:
+        with pytest.raises(stopping.RunStopped, match="SIGINT during the warm start"):
+            _tiny_warm_start(task, tmp_path, target_accuracy=1.0, log=stop_at_first_evaluation)
+    finally:
+        stopping.reset()
+    assert list(tmp_path.iterdir()) == []
