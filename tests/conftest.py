@@ -51,4 +51,5 @@ TINY_OVERRIDES = [
     "task.digits=1", "task.heldout_size=20", "task.validation_size=20",
     "loop.prompts_per_step=4", "loop.group_size=4", "loop.minibatch_size=16",
     "buffer.capacity=32", "tracking.progress=false",
+    "model.torch_threads=2",  # fixed (not auto), so that runs compared with each other sum alike
 ]

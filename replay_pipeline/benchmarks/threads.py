@@ -15,7 +15,8 @@ Each measurement is a fresh process (the wait policy is read once) that builds t
 run (the default model and task, from the cached warm start, no MLflow or Prefect: the
 library's `build_run` and `run_rounds`), times `--steps` rounds after one warm-up round, and
 times `--warm-steps` supervised warm-start steps of the default model. The competitor
-("beside") is a one-thread torch matmul loop, the shape of another training job. Options and
+("beside") is a torch matmul loop at `--competitor-threads` threads (1 by default), the shape
+of another training job. Options and
 competitors are interleaved, `--repeats` times, so a noisy machine hits every side alike;
 the figures are medians over the repeats. Run it with nothing else on the machine.
 """
@@ -32,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-COMPETITOR = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\n"
+COMPETITOR = ("import sys, torch\ntorch.set_num_threads(int(sys.argv[1]))\na = torch.randn(512, 512)\n"
               "while True:\n    a = torch.tanh(a @ a * 0.01)\n")
 
 
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="RL rounds timed per measurement (default 20)")
     parser.add_argument("--warm-steps", type=int, default=25, help="warm-start steps timed (default 25)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--competitor-threads", type=int, default=1,
+                        help="torch threads of the competing job (default 1; 2: another job as greedy as ours)")
     parser.add_argument("--root", default=None, help="where the default warm start is cached (default: runs)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--policy", default=None, help=argparse.SUPPRESS)
@@ -127,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     for repeat in range(args.repeats):
         for side in sides:
-            competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if side == "beside" else None
+            competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR,
+                                                                str(args.competitor_threads)]) if side == "beside" else None
             try:
                 time.sleep(1.0 if competitor else 0)
                 for option in args.options:

@@ -70,9 +70,13 @@ class ModelConfig:
     """Built-in model only: MLP width."""
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     """Supervised warm start of the built-in model (ignored when `path` is set)."""
-    torch_threads: int = bounded(2, ge=0, integer=True, hint="0 keeps torch's own default")
-    """CPU threads for torch; 0 keeps torch's own default. Runs are bit for bit repeatable at a
-    fixed thread count; another count sums in another order and the rollouts drift apart."""
+    torch_threads: int = bounded(0, ge=0, integer=True, hint="0 chooses from the machine's load")
+    """CPU threads for torch. 0 (auto): chosen when the run is built, every core on an idle
+    machine, one fewer per core other processes keep busy (replay_pipeline/models/device.py,
+    auto_threads; on the 2-core machine: 2 alone, 1 beside another job, the faster count in
+    each case, README "Threads"); the run's config.yaml records the count chosen. Runs are bit
+    for bit repeatable at a fixed thread count; another count sums in another order and the
+    rollouts drift apart."""
     device: str = "auto"
     """Where the learner's model and the transformers generator run: `auto` (`cuda` when torch
     sees a GPU, else `cpu`; each process decides for itself), `cpu`, `cuda` or `cuda:N`

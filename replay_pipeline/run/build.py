@@ -26,7 +26,7 @@ from replay_pipeline.config import TASK_DEFAULTS, flatten
 from replay_pipeline.generation import build_generator
 from replay_pipeline.learner import Learner
 from replay_pipeline.lease import acquire
-from replay_pipeline.models.device import resolve_device
+from replay_pipeline.models.device import auto_threads, resolve_device
 from replay_pipeline.models.policy import load_policy
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import LEARN_COLUMNS, quiet_transformers
@@ -55,6 +55,10 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
               tracker: MlflowTracker | NullTracker | None = None) -> TrainingRun:
     """A run ready for its first round (see the module docstring)."""
     preflight(cfg)
+    if not cfg.model.torch_threads:  # auto: chosen once, and recorded in config.yaml as chosen
+        cfg = cfg.copy()
+        cfg.model.torch_threads, why = auto_threads()
+        log(f"torch threads: {cfg.model.torch_threads} (model.torch_threads=0: {why})")
     mode, run_id = run_mode(cfg)
     paths = RunPaths.make(cfg.tracking.root_dir, run_id)
     paths.ensure()

@@ -98,3 +98,29 @@ def test_a_batch_on_the_cpu_keeps_its_tensors():
                     pad_id=tok.pad_token_id)
     moved = batch.to(torch.device("cpu"))
     assert moved.input_ids is batch.input_ids and moved.advantages is batch.advantages and moved.rewards is None
+
+
+def test_auto_threads_take_every_core_when_idle_and_one_fewer_per_busy_core():
+    import os
+
+    from replay_pipeline.models.device import auto_threads
+    cores = len(os.sched_getaffinity(0))
+    assert auto_threads(busy=0.1)[0] == cores
+    assert auto_threads(busy=1.0) == (max(1, cores - 1), f"1.0 of {cores} cores busy with other processes")
+    assert auto_threads(busy=cores + 3.0)[0] == 1  # never fewer than one
+
+
+def test_busy_cores_sees_a_real_cpu_bound_process():
+    import subprocess
+    import sys
+    import time
+
+    from replay_pipeline.models.device import busy_cores
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        busy = busy_cores(window=1.0)
+        assert busy is not None and busy >= 0.8, busy  # one core, kept busy by the other process
+    finally:
+        spinner.kill()
+        spinner.wait()
