@@ -128,15 +128,18 @@ def load_generator(target: Target, task):
     from transformers.utils import logging as hf_logging
 
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.config import GeneratorConfig
+    from replay_pipeline.config import GeneratorConfig, RewardConfig
     from replay_pipeline.models.device import resolve_device
     from replay_pipeline.models.loading import generator_from_pretrained, read_state_dict
+    from replay_pipeline.scoring import set_reward_timeout
 
     hf_logging.disable_progress_bar()  # per-file load bars would bury the summary
 
     cfg = target.cfg
     if cfg.model.get("torch_threads"):
         torch.set_num_threads(cfg.model.torch_threads)
+    # A run saved before the reward section existed: its default timeout.
+    set_reward_timeout(OmegaConf.select(cfg, "reward.timeout", default=RewardConfig.timeout))
     # A run saved before a generator field existed evaluates with that field's default.
     gen_cfg = OmegaConf.merge(OmegaConf.structured(GeneratorConfig), cfg.generator)
     model_dir = target.checkpoint / "model"

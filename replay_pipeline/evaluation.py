@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from replay_pipeline.scoring import reward_of
 from replay_pipeline.tasks.base import Prompt
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
@@ -96,8 +97,11 @@ def evaluate_greedy(generator, task, prompts: Sequence[Prompt], seed: int = 0) -
     correct = 0
     lengths = 0
     stops = 0
+    flagged = 0
     for prompt, (sample,) in zip(prompts, samples):
-        correct += task.reward(prompt, sample.text, sample.finish_reason) > 0
+        value, error = reward_of(task, prompt, sample.text, sample.finish_reason)
+        correct += value > 0
+        flagged += error is not None
         lengths += len(sample.completion_ids)
         stops += sample.finish_reason == "stop"
     n = max(len(prompts), 1)
@@ -107,13 +111,17 @@ def evaluate_greedy(generator, task, prompts: Sequence[Prompt], seed: int = 0) -
         "eval/stop_frac": stops / n,
         "eval/prompts": float(len(prompts)),
         "eval/greedy_tokens": float(lengths),
+        "eval/flagged": float(flagged),
         "eval/seconds": time.perf_counter() - start,
     }
 
 
-def _correct_counts(task, prompts: Sequence[Prompt], samples) -> np.ndarray:
-    return np.asarray([sum(task.reward(p, s.text, s.finish_reason) > 0 for s in group)
-                       for p, group in zip(prompts, samples)], dtype=np.int64)
+def _correct_counts(task, prompts: Sequence[Prompt], samples) -> tuple[np.ndarray, int]:
+    """Correct samples per prompt, and how many were flagged (scored 0: the reward raised,
+    was not a number or timed out; replay_pipeline/scoring.py)."""
+    scored = [[reward_of(task, p, s.text, s.finish_reason) for s in group] for p, group in zip(prompts, samples)]
+    counts = np.asarray([sum(value > 0 for value, _ in group) for group in scored], dtype=np.int64)
+    return counts, sum(error is not None for group in scored for _, error in group)
 
 
 def evaluate_sampled(generator, task, prompts: Sequence[Prompt], *, n: int = 16,
@@ -133,7 +141,7 @@ def evaluate_sampled(generator, task, prompts: Sequence[Prompt], *, n: int = 16,
     start = time.perf_counter()
     samples = generator.generate([p.text for p in prompts], n=n, seed=seed,
                                  temperature=temperature, top_p=top_p)
-    counts = _correct_counts(task, prompts, samples)
+    counts, flagged = _correct_counts(task, prompts, samples)
     neg_logp = [-lp for group in samples for s in group for lp in s.logprobs]
     lengths = [len(s.completion_ids) for group in samples for s in group]
     metrics = {f"eval/pass_at_{k}": v for k, v in mean_pass_at_k(counts, n, ks).items()}
@@ -141,6 +149,7 @@ def evaluate_sampled(generator, task, prompts: Sequence[Prompt], *, n: int = 16,
         "eval/sample_entropy": float(np.mean(neg_logp)) if neg_logp else 0.0,
         "eval/sample_length": float(np.mean(lengths)),
         "eval/sample_tokens": float(np.sum(lengths)),
+        "eval/sample_flagged": float(flagged),
         "eval/sample_seconds": time.perf_counter() - start,
     }
     return metrics
@@ -156,8 +165,8 @@ def evaluate_pass1(generator, task, prompts: Sequence[Prompt], *, temperature: f
     start = time.perf_counter()
     samples = generator.generate([p.text for p in prompts], n=n, seed=seed,
                                  temperature=temperature, top_p=top_p)
-    counts = _correct_counts(task, prompts, samples)
-    return {"eval/pass_at_1_t01": float(counts.mean() / n),
+    counts, flagged = _correct_counts(task, prompts, samples)
+    return {"eval/pass_at_1_t01": float(counts.mean() / n), "eval/pass1_flagged": float(flagged),
             "eval/pass1_tokens": float(sum(len(s.completion_ids) for group in samples for s in group)),
             "eval/pass1_seconds": time.perf_counter() - start}
 

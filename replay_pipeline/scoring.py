@@ -14,13 +14,22 @@ flagged rollouts in ``score/flagged`` and logs one warning per step on the
 completion must not stop a long job, and the stored reason makes every flagged rollout
 findable afterwards. A flagged rollout stays in its group with reward 0, so it enters the
 group's mean and std like any other 0-reward rollout.
+
+The same holds in every evaluation (held-out accuracy, pass@k, the warm start's stopping
+rule): a flagged completion counts as wrong, and the evaluation reports how many it flagged.
+A reward call that does not return within `reward.timeout` seconds (`set_reward_timeout`; 30
+by default) is flagged "reward timed out after N s": it runs on a daemon worker thread, which
+is abandoned (Python cannot stop a thread) and replaced. A training batch whose flagged share
+is above `reward.max_flagged_fraction` raises :class:`RewardFailure` before it is stored.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Sequence
+import queue
+import threading
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -43,24 +52,94 @@ def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-
     return adv.reshape(-1).astype(np.float32)
 
 
-def safe_reward(fn: Callable[[], float]) -> tuple[float, str | None]:
+class RewardFailure(RuntimeError):
+    """Too many rollouts of one batch were flagged: the reward itself is broken."""
+
+
+#: Seconds a reward call may take (None: no limit); set from `reward.timeout` by each process.
+_timeout: float | None = 30.0
+
+
+def set_reward_timeout(seconds: float | None) -> None:
+    global _timeout
+    _timeout = None if seconds is None else float(seconds)
+
+
+class _Worker:
+    """One daemon thread that runs reward calls; a call that times out leaves it behind."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._run, name="reward-call", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, done = self.jobs.get()
+            try:
+                done.put((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                done.put((False, exc))
+
+
+_worker: _Worker | None = None
+
+
+def _call(fn: Callable[[], Any], timeout: float | None) -> Any:
+    """fn() on the reward worker thread, or TimeoutError after `timeout` seconds."""
+    global _worker
+    if timeout is None:
+        return fn()
+    if _worker is None:
+        _worker = _Worker()
+    done: queue.Queue = queue.Queue(maxsize=1)
+    _worker.jobs.put((fn, done))
+    try:
+        ok, value = done.get(timeout=timeout)
+    except queue.Empty:
+        _worker = None  # stuck in the call: the next call gets a fresh thread
+        raise TimeoutError(f"timed out after {timeout:g} s") from None
+    if not ok:
+        raise value
+    return value
+
+
+def safe_reward(fn: Callable[[], float], timeout: float | None | str = "default") -> tuple[float, str | None]:
     """Run a verifier: ``(value, None)`` for a finite reward, else ``(0.0, reason)``.
 
     The reason is a short string for the rollout's ``reward_error`` column:
     ``"reward raised ValueError: boom"`` when the verifier raised (the message is cut to
     :data:`MAX_ERROR_CHARS`), ``"reward was nan"`` / ``"reward was inf"`` / ``"reward was -inf"``
     for a non-finite value, ``"reward raised TypeError: ..."`` for a value that is not a number
-    (``None``, a string ``float()`` cannot read). Only ``Exception`` is caught: a
-    ``KeyboardInterrupt`` still stops the run.
+    (``None``, a string ``float()`` cannot read), ``"reward timed out after 30 s"`` for a call
+    slower than ``timeout`` (default: the process's `reward.timeout`). Only ``Exception`` is
+    caught: a ``KeyboardInterrupt`` still stops the run.
     """
     try:
-        value = float(fn())
+        value = float(_call(fn, _timeout if timeout == "default" else timeout))
+    except TimeoutError as exc:
+        return 0.0, f"reward {exc}"
     except Exception as exc:  # noqa: BLE001 - any verifier failure is flagged, not fatal
         message = f": {exc}" if str(exc) else ""
         return 0.0, _cut(f"reward raised {type(exc).__name__}{message}")
     if not math.isfinite(value):
         return 0.0, f"reward was {value}"
     return value, None
+
+
+def check_flagged(step: int, errors: Sequence[str | None], max_fraction: float) -> None:
+    """RewardFailure when more than `max_fraction` of a batch's rollouts were flagged."""
+    flagged = [e for e in errors if e is not None]
+    if errors and len(flagged) / len(errors) > max_fraction:
+        raise RewardFailure(
+            f"step {step}: {len(flagged)} of {len(errors)} rollouts flagged (first: {flagged[0]}), above "
+            f"reward.max_flagged_fraction={max_fraction:g}: the reward function is broken, not the "
+            "completions. Nothing of this step was stored; fix the reward and resume the run, or raise "
+            "reward.max_flagged_fraction (1: never stop)")
+
+
+def reward_of(task: Any, prompt: Any, text: str, finish_reason: str) -> tuple[float, str | None]:
+    """The task's reward for one completion through :func:`safe_reward`."""
+    return safe_reward(lambda: task.reward(prompt, text, finish_reason))
 
 
 def warn_flagged(step: int, errors: Sequence[str | None]) -> int:

@@ -9,11 +9,12 @@ from replay_pipeline.config.rules import DASK_INSTALL, buffer_storage_problems, 
 from replay_pipeline.config.schema import (CONF_DIR, GENERATOR_BACKENDS, LOOP_ENGINES, LOOP_MODES,
                                            LOSS_AGGREGATIONS, TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS,
                                            AlgoConfig, BufferConfig, Config, ConfigError, GeneratorConfig,
-                                           LoopConfig, ModelConfig, TaskConfig, TrackingConfig,
-                                           WarmStartConfig, bounded, owned)
+                                           LoopConfig, ModelConfig, RewardConfig, TaskConfig,
+                                           TrackingConfig, WarmStartConfig, bounded, owned)
 
 __all__ = ["CONF_DIR", "DASK_INSTALL", "GENERATOR_BACKENDS", "LOOP_ENGINES", "LOOP_MODES", "LOSS_AGGREGATIONS",
            "TASK_DEFAULTS", "VLLM_DTYPES", "VLLM_ONLY_FIELDS", "AlgoConfig", "BufferConfig", "Config",
-           "ConfigError", "GeneratorConfig", "LoopConfig", "ModelConfig", "TaskConfig", "TrackingConfig",
+           "ConfigError", "GeneratorConfig", "LoopConfig", "ModelConfig", "RewardConfig", "TaskConfig",
+           "TrackingConfig",
            "WarmStartConfig", "bounded", "buffer_storage_problems", "flatten", "load_config", "owned",
            "register_configs", "to_dataclass", "valid_dask_address", "validate"]

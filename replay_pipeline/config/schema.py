@@ -361,6 +361,20 @@ class TrackingConfig:
 
 
 @dataclass
+class RewardConfig:
+    """How the task's reward is called (replay_pipeline/scoring.py), in training, in the async
+    generators and in every evaluation alike."""
+    timeout: Optional[float] = bounded(30.0, gt=0, finite=True, null="for no timeout")
+    """Seconds one call of the reward may take. A call that takes longer scores 0, flagged
+    "reward timed out after N s" like a reward that raises (the call is left to finish on a
+    daemon thread: Python cannot stop it)."""
+    max_flagged_fraction: float = bounded(0.9, ge=0, le=1)
+    """A training batch with a larger share of flagged rollouts (raised, not a number, timed
+    out) stops the run before the batch is stored, naming the first reason: that is a broken
+    reward, not bad completions (1: never stop)."""
+
+
+@dataclass
 class Config:
     seed: int = 0
     """Seeds model init, sampling and the replay sampler; a run is reproducible from it."""
@@ -382,6 +396,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
 
 #: The task section's defaults: which fields a task left at them (replay_pipeline.tasks).

@@ -22,7 +22,7 @@ from replay_pipeline import faults
 from replay_pipeline.buffer.schema import columns_to_table, group_rollout_ids
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, make_usage_ids
 from replay_pipeline.generation.base import Sample
-from replay_pipeline.scoring import group_advantages, safe_reward, warn_flagged
+from replay_pipeline.scoring import check_flagged, group_advantages, reward_of, warn_flagged
 from replay_pipeline.tasks.base import Prompt
 
 # Columns the learner needs from a stored rollout (a window read never loads the text).
@@ -75,19 +75,21 @@ def generate_batch(task, generator, cfg: Any, step: int, worker: int | None = No
                           temperature=float(cfg.generator.temperature), top_p=float(cfg.generator.top_p))
 
 
-def score_batch(task, batch: GeneratedBatch, run_id: str, g: int,
-                worker: int | None = None) -> tuple[pa.Table, dict[str, float]]:
+def score_batch(task, batch: GeneratedBatch, run_id: str, g: int, worker: int | None = None,
+                max_flagged_fraction: float = 1.0) -> tuple[pa.Table, dict[str, float]]:
     """Reward every completion with the task's verifier, freeze group advantages, and lay the
-    rollouts out as rows of the rollout table (see TrainingRun.score)."""
+    rollouts out as rows of the rollout table (see TrainingRun.score). RewardFailure, before
+    anything is stored, when more than `max_flagged_fraction` of them were flagged."""
     start = time.perf_counter()
     rewards, errors = [], []
     for prompt, group in zip(batch.prompts, batch.samples):
         for s in group:
-            value, error = safe_reward(lambda: task.reward(prompt, s.text, s.finish_reason))
+            value, error = reward_of(task, prompt, s.text, s.finish_reason)
             rewards.append(value)
             errors.append(error)
     reward_seconds = time.perf_counter() - start
     flagged = warn_flagged(batch.step, errors)
+    check_flagged(batch.step, errors, max_flagged_fraction)
     advantages = group_advantages(rewards, g)
     group_means = np.asarray(rewards, dtype=np.float64).reshape(-1, g).mean(axis=1)
     samples = [s for group in batch.samples for s in group]

@@ -38,6 +38,7 @@ from replay_pipeline.run.preflight import preflight
 from replay_pipeline.run.replay import ReplaySampler
 from replay_pipeline.run.settings import Settings, build_settings
 from replay_pipeline.runs import RunPaths, new_run_id
+from replay_pipeline.scoring import set_reward_timeout
 from replay_pipeline.tasks import task_from_config
 from replay_pipeline.tracking import MlflowTracker, NullTracker
 from replay_pipeline.weights import WeightStore
@@ -97,6 +98,7 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
            store: Any, usage: Any, tracker: Any, log: Callable[[str], Any]) -> TrainingRun:
     """The model side of build_run, once the run's identity is stored."""
     quiet_transformers()
+    set_reward_timeout(settings.reward.timeout)  # every reward call of this process, evaluations too
     if settings.model.torch_threads:
         torch.set_num_threads(settings.model.torch_threads)
     torch.manual_seed(settings.seed)

@@ -155,7 +155,8 @@ class TrainingRun:
         A reward that raises or is not finite scores 0.0 and is flagged (scoring.safe_reward):
         the reason goes to the row's `reward_error` (null otherwise), the count to
         `score/flagged`, and one warning per step to the `replay_pipeline.scoring` logger."""
-        table, metrics = score_batch(self.task, batch, self.run_id, self.settings.loop.group_size)
+        table, metrics = score_batch(self.task, batch, self.run_id, self.settings.loop.group_size,
+                                     max_flagged_fraction=self.settings.reward.max_flagged_fraction)
         tokens = float(metrics["generate/tokens"])
         if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
             self.ledger.add(gen_tokens=tokens)

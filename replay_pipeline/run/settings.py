@@ -67,6 +67,7 @@ class Settings:
     algo: Any
     loop: Any
     tracking: Any
+    reward: Any
     resolved: Mapping[str, Any]
     """The resolved configuration as plain data (read-only), run_id included."""
     config_hash: str

@@ -78,6 +78,7 @@ from replay_pipeline.models.loading import generator_from_pretrained
 from replay_pipeline.run.batches import generate_batch, quiet_transformers, score_batch
 from replay_pipeline.run.files import AsyncDir, LearnerWatch
 from replay_pipeline.runs import RunPaths
+from replay_pipeline.scoring import set_reward_timeout
 from replay_pipeline.tasks import task_from_config
 from replay_pipeline.weights import WeightFollower, WeightStore
 
@@ -116,6 +117,7 @@ def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_i
     quiet_transformers()
     cfg = OmegaConf.create(cfg_container)
     torch.set_num_threads(max(int(cfg.loop.worker_threads), 1))
+    set_reward_timeout(cfg.reward.timeout)
     paths = RunPaths.make(cfg.tracking.root_dir, run_id)
     control = AsyncDir.of(paths.run_dir)
     watch = LearnerWatch(control, session, cfg.loop.get("heartbeat_timeout", 180.0), parent_pid,
@@ -165,7 +167,8 @@ def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_i
             generator.load_weights(newest[1], newest[0])
         stats["weights_seconds"] = stats.get("weights_seconds", 0.0) + time.perf_counter() - t0
         batch = generate_batch(task, generator, cfg, step, worker=worker)
-        table, metrics = score_batch(task, batch, run_id, cfg.loop.group_size, worker=worker)
+        table, metrics = score_batch(task, batch, run_id, cfg.loop.group_size, worker=worker,
+                                     max_flagged_fraction=cfg.reward.max_flagged_fraction)
         # Committed behind the next batch's generation (one write in flight; a failed write
         # raises here at the next batch). Idempotent, so a retry never duplicates rows.
         waited = writes.waited

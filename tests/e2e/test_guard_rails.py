@@ -95,3 +95,25 @@ def test_a_stop_at_each_kind_of_point_behaves_and_resumes_bit_for_bit(root, refe
     assert not case["traceback"], case
     assert case["last_line"].startswith(f"stopped by {signame}") and "resume=" in case["last_line"], case
     assert case["mlflow"] == "KILLED" and case["prefect"] == "CANCELLED" and case["status"] == "killed", case
+
+
+def test_ctrl_c_stops_the_async_loop_with_its_generators_and_it_resumes(root):
+    """The async learner and its generator processes are one run: a terminal's Ctrl-C reaches
+    them all, the generators ignore it and the learner stops them; nothing is left running."""
+    args = [*faults_table.TINY, "run_id=async-stop", "loop=async", "loop.steps=12", "loop.eval_every=0",
+            "loop.passk_every=0", "loop.checkpoint_every=2", "loop.eval_samples=2"]
+    sig_log = root / "async-stop.signal"
+    code, out, pid = faults_table.train(root, root / "cache", args, {
+        faults_table.SIGNAL_ENV: "between_tasks:5:SIGINT", faults_table.SIGNAL_LOG_ENV: str(sig_log)})
+    ended = time.time()
+    assert code == 130, out[-3000:]
+    assert ended - float(sig_log.read_text()) < 15 and "Traceback" not in out, out[-3000:]
+    assert [ln for ln in out.splitlines() if ln.strip()][-1].startswith("stopped by SIGINT"), out[-2000:]
+    time.sleep(2)
+    assert faults_table.left_behind(pid) == []  # generators and the Prefect server are gone
+    assert faults_table.mlflow_status(root, "async-stop") == "KILLED"
+    assert faults_table.prefect_states(root, "async-stop") == ["CANCELLED"]
+    code, out, _ = faults_table.train(root, root / "cache", ["resume=async-stop"])
+    assert code == 0, out[-3000:]
+    assert "stored rollouts kept as buffer data" in out
+    assert faults_table.mlflow_status(root, "async-stop") == "FINISHED"

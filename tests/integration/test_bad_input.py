@@ -30,6 +30,8 @@ import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from datetime import datetime, timezone
 
 import lancedb
@@ -43,6 +45,7 @@ from replay_pipeline.buffer.schema import make_rollout_id, rows_to_table
 from replay_pipeline.config import load_config
 from replay_pipeline.learner import Learner
 from replay_pipeline.runs import ensure_writable
+from replay_pipeline.scoring import RewardFailure
 from replay_pipeline.tasks.addition import AdditionTask
 from replay_pipeline.run.batches import LEARN_COLUMNS
 from replay_pipeline.run.build import build_run
@@ -497,3 +500,48 @@ def test_train_cli_exits_2_before_any_work_when_the_root_is_unwritable(tmp_path)
     assert "set tracking.root_dir to a writable directory" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert sorted(tmp_path.iterdir()) == [blocker] and blocker.read_text() == "x"
+
+
+class HangingAddition(AdditionTask):
+    """The addition task whose verifier hangs on every fifth call (a reward that never
+    returns: a stuck HTTP call, an infinite loop) and raises on every seventh."""
+
+    def reward(self, prompt, completion, finish_reason):
+        i = next(self._calls)
+        if i % 5 == 0:
+            threading.Event().wait(3600)
+        if i % 7 == 3:
+            raise RuntimeError(f"bad {i}")
+        return super().reward(prompt, completion, finish_reason)
+
+
+def test_rewards_that_raise_or_hang_are_flagged_in_evaluation_too_and_a_timeout_bounds_them(root):
+    """Issue 23 item 2: a reward that raises during held-out evaluation no longer crashes the
+    run, and one that never returns is cut off by reward.timeout (a flagged 0, as in training)."""
+    run = make_run(root, "hang", "reward.timeout=0.2", "loop.eval_samples=2", "loop.pass1_samples=1")
+    task = HangingAddition(**dataclasses.asdict(run.task))
+    object.__setattr__(task, "_calls", itertools.count())
+    run.task = task
+    start = time.perf_counter()
+    metrics = run.evaluate(0, sampled=True)
+    prompts = len(run.heldout)
+    calls = prompts * (1 + 1 + 2)  # greedy, pass@1 (1 sample), pass@k (2 samples)
+    hung, raised = len(range(0, calls, 5)), sum(1 for i in range(calls) if i % 7 == 3 and i % 5)
+    assert metrics["eval/flagged"] + metrics["eval/pass1_flagged"] + metrics["eval/sample_flagged"] == hung + raised
+    assert time.perf_counter() - start < hung * 0.2 + 30  # each hang cost its timeout, not forever
+    assert 0.0 <= metrics["eval/accuracy"] <= 1.0
+    batch = run.generate(0)  # training: the same containment, with the reason stored
+    table, scored = run.score(batch)
+    assert scored["score/flagged"] > 0
+    assert any(e and e.startswith("reward timed out after 0.2 s") for e in table.column("reward_error").to_pylist())
+    run.finish()
+
+
+def test_a_batch_with_too_many_flagged_rewards_stops_the_run_before_it_is_stored(root):
+    run = make_run(root, "broken-reward", "reward.max_flagged_fraction=0.5")
+    run.task = flaky(run.task)  # 12 of 16 flagged
+    batch = run.generate(0)
+    with pytest.raises(RewardFailure, match=r"step 0: 12 of 16 rollouts flagged .*above reward.max_flagged_fraction=0.5"):
+        run.score(batch)
+    assert run.store.count() == 0  # nothing of the step was stored
+    run.finish()

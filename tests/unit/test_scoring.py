@@ -74,3 +74,25 @@ def test_warn_flagged_logs_once_with_the_count_and_the_first_reason(caplog):
     assert record.name == "replay_pipeline.scoring" and record.levelno == logging.WARNING
     assert "step 4: 2 of 3 rollouts flagged" in record.getMessage()
     assert "first: reward was nan" in record.getMessage()
+
+
+def test_a_reward_call_slower_than_the_timeout_is_flagged_and_the_next_call_runs():
+    import threading
+    import time
+
+    from replay_pipeline.scoring import safe_reward
+    start = time.perf_counter()
+    assert safe_reward(lambda: threading.Event().wait(60), timeout=0.1) == (0.0, "reward timed out after 0.1 s")
+    assert time.perf_counter() - start < 5
+    assert safe_reward(lambda: 1.0, timeout=0.1) == (1.0, None)  # a fresh worker thread
+    assert safe_reward(lambda: 1 / 0, timeout=0.1)[1] == "reward raised ZeroDivisionError: division by zero"
+
+
+def test_check_flagged_stops_only_above_the_fraction():
+    import pytest
+
+    from replay_pipeline.scoring import RewardFailure, check_flagged
+    check_flagged(3, ["x", None, None, None], max_fraction=0.25)  # exactly at the bound: goes on
+    with pytest.raises(RewardFailure, match="step 3: 2 of 4 rollouts flagged \\(first: x\\)"):
+        check_flagged(3, ["x", "y", None, None], max_fraction=0.25)
+    check_flagged(3, ["x"] * 4, max_fraction=1.0)  # 1: never
