@@ -1,7 +1,7 @@
 """The fault table: a small run stopped at each point that matters, by each signal a user or
 a machine sends, then resumed, against a run that was never stopped.
 
-    python infra/faults.py                       # every point x SIGINT, SIGTERM, SIGKILL (about 15 min)
+    python infra/faults.py                       # every point x SIGINT, SIGTERM, SIGKILL (about 8 min)
     python infra/faults.py --points generate,evaluate --signals SIGINT
     python infra/faults.py --root /tmp/faults --markdown faults.md
 
@@ -171,7 +171,8 @@ def table(cases: list[dict]) -> str:
             "| left behind | resumed: lost / duplicated rows | identical to the unstopped run |")
     lines = [head, "|" + "---|" * 11]
     for c in cases:
-        lines.append(f"| {c['point']} | {c['signal']} | {c['exit_code']} | {c['exit_seconds']} | "
+        seconds = c["exit_seconds"] if c["exit_seconds"] is not None else "at once (the kernel)"
+        lines.append(f"| {c['point']} | {c['signal']} | {c['exit_code']} | {seconds} | "
                      f"{'yes' if c['traceback'] else 'no'} | {c['status']} | {c['mlflow']} (then {c['mlflow_after_resume']}) | "
                      f"{c['prefect']} (then {c['prefect_after_resume']}) | {len(c['left_behind'])} | "
                      f"{c['lost']} / {c['duplicated']} | {'yes' if c['identical'] else 'NO'} |")

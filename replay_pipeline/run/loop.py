@@ -118,7 +118,7 @@ def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None
     for first, last in segments(loop, run.start_step):
         stopping.check(f"the rounds, before step {first}")
         rounds(first, last)
-        stopping.check(f"the rounds, before step {last + 1}")  # a wrapper's stopped rounds return
+        stopping.check("the rounds")  # a wrapper's stopped rounds return (their state says where)
         faults.crash_point("between_tasks", last)
         done = last + 1
         extras = time.perf_counter()
