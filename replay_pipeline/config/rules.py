@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LOOP_ENGINES, LOOP_MODES, LOSS_AGGREGATIONS,
                                            TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS, AlgoConfig, Config,
                                            ConfigError, GeneratorConfig)
-from replay_pipeline.tasks import TASKS, unused_task_fields
+from replay_pipeline.tasks import CUSTOM, TASKS, unused_task_fields
 from replay_pipeline.tasks.answers import FALLBACKS
 from replay_pipeline.tasks.math import FORMATS
 
@@ -142,7 +142,9 @@ def validate(cfg: DictConfig | Config) -> None:
          f"generator.backend={gen.backend!r} is not available here; choose one of {list(GENERATOR_BACKENDS)}")
     problems.extend(_generator_backend_problems(gen, loop))
 
-    need(task.name in TASKS, f"task.name={task.name!r} is not one of {sorted(TASKS)}")
+    need(task.name in TASKS or task.name == CUSTOM,
+         f"task.name={task.name!r} is not one of {sorted(TASKS)}, or custom (your own task: task=custom "
+         "task.target=package.module:factory)")
     problems.extend(_task_problems(task))
     if model.path is None and model.name != "tiny":
         problems.append(f"model={model.name} needs a checkpoint: set model.path=/path/to/hf/checkpoint "
@@ -158,7 +160,7 @@ def validate(cfg: DictConfig | Config) -> None:
                  f"generator.max_new_tokens={gen.max_new_tokens} with task.digits={task.digits} makes "
                  f"sequences of {longest} tokens, more than the built-in model's {MAX_POSITIONS} "
                  f"positions; lower generator.max_new_tokens to at most {MAX_POSITIONS - 2 * task.digits - 3}")
-        need(task.name == "addition",
+        need(task.name in ("addition", CUSTOM),
              f"task.name={task.name} needs a Hugging Face model: the built-in tiny model's tokenizer only "
              "knows the addition task's characters; add model=hf model.path=/path/to/checkpoint")
     need(DEVICE.fullmatch(str(model.device)) is not None,
@@ -235,6 +237,10 @@ def _task_problems(task: Any) -> list[str]:
     problems = [f"task.{key}={fields[key]} is not used by task.name={task.name}; drop it"
                 + (" (the data fields are for task=gsm8k or task=math)" if task.name == "addition" else "")
                 for key in unused_task_fields(str(task.name), fields, TASK_DEFAULTS)]
+    if task.name == CUSTOM and not str(task.target or "").strip():
+        problems.append("task.name=custom needs its factory: task.target=package.module:factory (on PYTHONPATH) "
+                        "or task.target=/path/to/file.py:factory; replay_pipeline/tasks/template.py is an "
+                        "example to copy")
     if task.name != "math":
         return problems
     if task.path is None or not str(task.path).strip():

@@ -12,7 +12,7 @@ Rules across fields are replay_pipeline/config/rules.py's. Nothing here does I/O
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -87,7 +87,13 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "addition"
-    """Registered task name; see replay_pipeline.tasks.TASKS."""
+    """Registered task name (replay_pipeline.tasks.TASKS), or `custom`: your own task from
+    task.target (task=custom; replay_pipeline/tasks/custom.py)."""
+    target: Optional[str] = None
+    """Custom task, required: the factory, `package.module:factory` (on PYTHONPATH) or
+    `/path/to/file.py:factory`; replay_pipeline/tasks/template.py is an example to copy."""
+    args: Dict[str, Any] = field(default_factory=dict)
+    """Custom task: keyword arguments of the factory (+task.args.NAME=VALUE)."""
     digits: int = 3
     """Addition task: digits per operand (prompt "007+110=")."""
     heldout_size: int = bounded(512, ge=1, integer=True)
@@ -400,7 +406,8 @@ class Config:
 
 
 #: The task section's defaults: which fields a task left at them (replay_pipeline.tasks).
-TASK_DEFAULTS = {f.name: f.default for f in fields(TaskConfig)}
+TASK_DEFAULTS = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+                 for f in fields(TaskConfig)}
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 

@@ -40,6 +40,7 @@ from replay_pipeline.run.settings import Settings, build_settings
 from replay_pipeline.runs import RunPaths, new_run_id
 from replay_pipeline.scoring import set_reward_timeout
 from replay_pipeline.tasks import task_from_config
+from replay_pipeline.tasks.custom import absolute_target
 from replay_pipeline.tracking import MlflowTracker, NullTracker
 from replay_pipeline.weights import WeightStore
 
@@ -56,6 +57,9 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
               tracker: MlflowTracker | NullTracker | None = None) -> TrainingRun:
     """A run ready for its first round (see the module docstring)."""
     preflight(cfg)
+    if cfg.task.get("target"):  # a file target recorded absolute: workers elsewhere, a resume from elsewhere
+        cfg = cfg.copy()
+        cfg.task.target = absolute_target(cfg.task.target)
     if not cfg.model.torch_threads:  # auto: chosen once, and recorded in config.yaml as chosen
         cfg = cfg.copy()
         cfg.model.torch_threads, why = auto_threads()

@@ -33,6 +33,8 @@ from replay_pipeline.models.device import device_problem
 from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.lineage import start_point
 from replay_pipeline.runs import RunPaths, ensure_writable
+from replay_pipeline.tasks import CUSTOM
+from replay_pipeline.tasks.custom import load_target
 
 
 def preflight(cfg: Any) -> None:
@@ -71,10 +73,16 @@ def _model_problems(model: Any) -> list[str]:
 
 
 def _task_problems(task: Any) -> list[str]:
-    return [f"task.{key}={getattr(task, key)} does not exist; give a local file or directory"
-            for key in ("path", "heldout_path")
-            if getattr(task, key, None) is not None and str(getattr(task, key)).strip()
-            and not Path(os.path.expanduser(str(getattr(task, key)))).exists()]
+    problems = [f"task.{key}={getattr(task, key)} does not exist; give a local file or directory"
+                for key in ("path", "heldout_path")
+                if getattr(task, key, None) is not None and str(getattr(task, key)).strip()
+                and not Path(os.path.expanduser(str(getattr(task, key)))).exists()]
+    if task.name == CUSTOM and task.target:
+        try:  # importable here (a resume whose task module is gone is refused here too)
+            load_target(task.target)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def _probe_buffer_storage(buf: Any) -> None:

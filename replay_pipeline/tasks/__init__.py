@@ -1,4 +1,5 @@
-"""Tasks: prompt sets with exact verifiers, looked up by name.
+"""Tasks: prompt sets with exact verifiers, looked up by name, or your own by import path
+(task.name=custom, task.target=module:factory: replay_pipeline/tasks/custom.py).
 
 The config's `task` section (replay_pipeline.config.TaskConfig) holds the fields of every
 task; each task's constructor takes only its own. :func:`task_from_config` passes a task the
@@ -15,9 +16,14 @@ from typing import Any
 
 from replay_pipeline.tasks.addition import AdditionTask
 from replay_pipeline.tasks.base import Prompt, Task
+from replay_pipeline.tasks.custom import COMMON, build_custom_task
 from replay_pipeline.tasks.math import MathTask
 
 TASKS: dict[str, type] = {"addition": AdditionTask, "math": MathTask}
+#: task.name of your own task from task.target (replay_pipeline/tasks/custom.py).
+CUSTOM = "custom"
+#: The fields of the task section a custom task reads.
+CUSTOM_FIELDS = ("target", "args", *COMMON)
 
 
 def task_from_config(task_cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> Task:
@@ -30,6 +36,8 @@ def task_from_config(task_cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -
     if unused:
         raise ValueError(f"task {name!r} does not use {', '.join(f'task.{k}' for k in unused)}; "
                          "drop those overrides, or pick the task that uses them")
+    if name == CUSTOM:
+        return build_custom_task(fields["target"], fields.get("args"), fields)
     accepted = constructor_args(name)
     return make_task(name, **{k: v for k, v in fields.items() if k in accepted or k not in defaults})
 
@@ -54,12 +62,15 @@ def unused_task_fields(name: str, fields: Mapping[str, Any], defaults: Mapping[s
     differ from their `defaults` (so the user set them for nothing). Unknown tasks: none
     (reported elsewhere). The configuration passes its own defaults: this package knows no
     configuration."""
-    if name not in TASKS:
+    if name == CUSTOM:
+        accepted = set(CUSTOM_FIELDS)
+    elif name not in TASKS:
         return []
-    accepted = constructor_args(name)
+    else:
+        accepted = constructor_args(name)
     return sorted(k for k, v in fields.items()
                   if k != "name" and k in defaults and k not in accepted and v != defaults[k])
 
 
-__all__ = ["TASKS", "AdditionTask", "MathTask", "Prompt", "Task", "constructor_args", "make_task",
+__all__ = ["CUSTOM", "CUSTOM_FIELDS", "TASKS", "AdditionTask", "MathTask", "Prompt", "Task", "constructor_args", "make_task",
            "task_from_config", "unused_task_fields"]

@@ -9,7 +9,7 @@ from replay_pipeline.config import CONF_DIR, ConfigError, load_config
 #: Presets that need something from the user (a checkpoint, a data file) or a machine (vLLM on a
 #: GPU) compose only with it: alone they must be refused, naming what is missing. Each is composed
 #: with what it needs in its own tests (test_math_task.py, test_vllm_backend.py).
-NEEDS = {("model", "hf"): "model.path", ("task", "gsm8k"): "task.path", ("task", "math"): "task.path",
+NEEDS = {("model", "hf"): "model.path", ("task", "gsm8k"): "task.path", ("task", "math"): "task.path", ("task", "custom"): "task.target",
          ("generator", "vllm"): "vllm", ("experiment", "qwen3_0p6b"): "model.path",
          ("experiment", "qwen3_0p6b_no_buffer"): "model.path"}
 GROUP_OPTIONS = [(g.name, f.stem) for g in sorted(CONF_DIR.iterdir()) if g.is_dir()
