@@ -32,6 +32,7 @@ round; see the overhead benchmark in the README).
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import signal
 import sys
@@ -256,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if show_cfg:
-        print(OmegaConf.to_yaml(cfg))
+        try:
+            print(OmegaConf.to_yaml(cfg), flush=True)
+        except BrokenPipeError:  # `--cfg | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     mode, run_id = run_mode(cfg)
     if cfg.resume is not None:  # resume=last, resolved once

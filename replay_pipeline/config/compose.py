@@ -6,6 +6,7 @@ onto the schema (replay_pipeline/config/schema.py), then `validate` checks it
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -25,6 +26,7 @@ def register_configs() -> None:
     # Free-form keys (Lance's own option names): `buffer.storage_options={k:v,...}` and
     # `buffer.storage_options.k=v` must not need Hydra's `+`; every other key stays strict.
     OmegaConf.set_struct(node.buffer.storage_options, False)
+    OmegaConf.set_struct(node.task.args, False)  # a custom task's factory arguments (task.args.NAME=V)
     ConfigStore.instance().store(name="base_config", node=node)
     if not OmegaConf.has_resolver("rp.mul"):
         OmegaConf.register_new_resolver("rp.mul", lambda a, b: int(a) * int(b))
@@ -39,12 +41,36 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
             cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_explain_composition_error(exc, overrides)) from exc
+    unknown = unknown_keys(cfg)
+    if unknown:  # `+key=value` adds a key Hydra's schema check never sees: refused like any other
+        known = list(_schema_keys())
+        raise ConfigError("Invalid configuration: unknown key(s) " + "; ".join(
+            f"{k}" + (f" (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, known, 1)) else "")
+            for k in unknown) + ". Keys are listed by `python -m flows.train --cfg`; a `+` does not make a key "
+            "the schema lacks (replay_pipeline/config/schema.py) valid.")
     validate(cfg)
     return cfg
 
 
+#: Sections whose keys are free-form (an object store's options, a custom task's arguments).
+FREE_FORM = ("buffer.storage_options.", "task.args.")
+
+
+def _schema_keys() -> dict[str, Any]:
+    return flatten(OmegaConf.structured(Config))
+
+
+def unknown_keys(cfg: DictConfig) -> list[str]:
+    """Keys of a composed configuration that the schema does not have (free-form sections aside)."""
+    known = _schema_keys()
+    return sorted(k for k in flatten(cfg) if k not in known and not k.startswith(FREE_FORM))
+
+
 def _explain_composition_error(exc: Exception, overrides: list[str]) -> str:
     text = str(exc).strip()
+    cause = getattr(exc, "__cause__", None)
+    if cause is not None and "could not be converted" in str(cause):  # algo.lr=abc: say which type
+        text = f"{text}: {str(cause).splitlines()[0]}"
     hint = (
         "Run `python -m flows.train --help` for the config groups and their options, or "
         "`python -m flows.train --cfg` to print every key with its value."

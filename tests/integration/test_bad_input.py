@@ -545,3 +545,11 @@ def test_a_batch_with_too_many_flagged_rewards_stops_the_run_before_it_is_stored
         run.score(batch)
     assert run.store.count() == 0  # nothing of the step was stored
     run.finish()
+
+
+def test_cfg_piped_into_head_ends_quietly():
+    """`python -m flows.train --cfg | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    shell = f"{sys.executable} -m flows.train --cfg | head -1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout == "seed: 0\n" and "Traceback" not in done.stderr, done.stderr

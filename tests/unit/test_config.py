@@ -97,3 +97,16 @@ def test_every_field_is_documented():
                     if not (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
                         undocumented.append(f"{node.name}.{stmt.target.id}")
     assert not undocumented, undocumented
+
+
+def test_a_plus_override_of_a_key_the_schema_lacks_is_refused_with_the_nearest_key():
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) loop.setps \(did you mean loop.steps\?\)"):
+        load_config(["+loop.setps=5"])
+    # the free-form sections still take any key
+    cfg = load_config(["buffer.uri=s3://bucket/prefix", "buffer.storage_options.region=eu-west-1"])
+    assert cfg.buffer.storage_options.region == "eu-west-1"
+
+
+def test_a_value_of_the_wrong_type_says_which_type_is_expected():
+    with pytest.raises(ConfigError, match="'abc' of type 'str' could not be converted to Float"):
+        load_config(["algo.lr=abc"])
