@@ -31,11 +31,18 @@ round; see the overhead benchmark in the README).
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # answer --help and configuration errors before Prefect and torch load
+    from flows.usage import answer_early as _answer_early
+
+    _code = _answer_early(sys.argv[1:])
+    if _code is not None:
+        sys.exit(_code)
+
 import functools
-import os
 import shutil
 import signal
-import sys
 import time
 from typing import Any
 from uuid import UUID
@@ -53,7 +60,7 @@ from prefect.utilities.annotations import quote
 from replay_pipeline import stopping
 from replay_pipeline.buffer.lance_table import StoreError
 from replay_pipeline.checkpoints import CheckpointError
-from replay_pipeline.config import CONF_DIR, ConfigError
+from replay_pipeline.config import ConfigError
 from replay_pipeline.resume import resolve_config
 from replay_pipeline.lease import LeaseHeld, acquire
 from replay_pipeline.run.build import build_run, run_mode
@@ -65,6 +72,7 @@ from replay_pipeline.run.preflight import check_start_point, preflight
 from replay_pipeline.run.workers import run_worker_process
 from replay_pipeline.runs import RunPaths
 from flows.prefect_server import temporary_server
+from flows.usage import answer_early, say
 from flows.progress import Progress, quiet_prefect_task_logs, summary_text
 
 _task = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -221,35 +229,13 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
     return summary
 
 
-def _usage() -> str:
-    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
-    lines = ["usage: python -m flows.train [--help] [--cfg] [key=value ...] [group=option ...]", "",
-             "Config groups (select with group=option):"]
-    for g in groups:
-        options = sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))
-        lines.append(f"  {g:<11} {', '.join(options)}")
-    lines += ["", "Every key, its default, its bound and its meaning: replay_pipeline/config/schema.py "
-              "(or --cfg to print the resolved values).",
-              "Examples:", "  python -m flows.train buffer.capacity=512 algo.lr=3e-4",
-              "  python -m flows.train experiment=no_buffer loop.steps=100",
-              "  python -m flows.train model=hf model.path=/path/to/hf/checkpoint",
-              "  python -m flows.train resume=RUN_ID loop.steps=800   # continue (and extend) a run",
-              "  python -m flows.train resume=last                    # the newest run under tracking.root_dir",
-              "  python -m flows.train fork=RUN_ID@100 algo.lr=1e-4   # new run from a checkpoint"]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(_usage())
-        return 0
+    early = answer_early(argv)  # --help, unknown flags, configuration errors
+    if early is not None:
+        return early
     show_cfg = "--cfg" in argv
     overrides = [a for a in argv if a != "--cfg"]
-    bad = [a for a in overrides if a.startswith("-")]
-    if bad:
-        print(f"error: unknown flag(s) {bad}\n\n{_usage()}", file=sys.stderr)
-        return 2
     try:
         cfg = resolve_config(overrides)  # fail before Prefect, MLflow or any model is touched
         preflight(cfg)
@@ -257,10 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if show_cfg:
-        try:
-            print(OmegaConf.to_yaml(cfg), flush=True)
-        except BrokenPipeError:  # `--cfg | head`: the reader left, nothing to report
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        say(OmegaConf.to_yaml(cfg))  # `--cfg | head` ends quietly
         return 0
     mode, run_id = run_mode(cfg)
     if cfg.resume is not None:  # resume=last, resolved once

@@ -1,0 +1,76 @@
+"""What `python -m flows.train` answers before Prefect and torch load (they take 6-8 s to
+import): `--help`, unknown flags and configuration errors, in well under two seconds. Only
+Hydra and the configuration package are imported here; flows/train.py calls `answer_early`
+before its own imports and goes on when it returns None.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: The keys people change most, shown by --help (every key: --cfg, replay_pipeline/config/schema.py).
+MAIN_KEYS = [
+    ("seed", "seeds the model's sampling and the replay sampler"),
+    ("loop.steps", "RL steps (rounds) of the run"),
+    ("loop.prompts_per_step, loop.group_size", "R = prompts x completions generated a step"),
+    ("loop.updates_per_step, loop.minibatch_size", "K learner updates of B rollouts a step"),
+    ("buffer.strategy, buffer.capacity", "how the window is drawn (fifo, positive_bias, prioritized, ...), its size"),
+    ("algo.objective, algo.lr", "grpo_clip or asymre, the learning rate"),
+    ("model.torch_threads", "0 (default): chosen from the machine's load"),
+    ("tracking.root_dir", "where runs, tables, MLflow and checkpoints go (default ./runs)"),
+    ("resume=RUN_ID|last, fork=RUN_ID@STEP", "continue a run, or start a new one from its checkpoint"),
+]
+
+
+def usage() -> str:
+    from replay_pipeline.config import CONF_DIR  # start-up cost: after the interpreter is up, still fast
+
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    lines = ["usage: python -m flows.train [--help] [--cfg] [key=value ...] [group=option ...]", "",
+             "Config groups (select with group=option):"]
+    for g in groups:
+        options = sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))
+        lines.append(f"  {g:<11} {', '.join(options)}")
+    lines += ["", "Main keys (key=value):"]
+    lines += [f"  {key:<44} {what}" for key, what in MAIN_KEYS]
+    lines += ["", "Every key, its default, its bound and its meaning: replay_pipeline/config/schema.py "
+              "(or --cfg to print the resolved values).",
+              "Examples:", "  python -m flows.train buffer.capacity=512 algo.lr=3e-4",
+              "  python -m flows.train experiment=no_buffer loop.steps=100",
+              "  python -m flows.train model=hf model.path=/path/to/hf/checkpoint",
+              "  python -m flows.train task=custom task.target=/path/to/my_task.py:make_task",
+              "  python -m flows.train resume=RUN_ID loop.steps=800   # continue (and extend) a run",
+              "  python -m flows.train resume=last                    # the newest run under tracking.root_dir",
+              "  python -m flows.train fork=RUN_ID@100 algo.lr=1e-4   # new run from a checkpoint"]
+    return "\n".join(lines)
+
+
+def say(text: str, stream=None) -> None:
+    """Print `text`; a reader that left early (`| head`) is not an error."""
+    stream = stream or sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def answer_early(argv: list[str]) -> int | None:
+    """The exit code for --help (0), an unknown flag or a configuration error (2), printed
+    here; None when the command line composes and the run should go on."""
+    if any(a in ("-h", "--help") for a in argv):
+        say(usage())
+        return 0
+    bad = [a for a in argv if a.startswith("-") and a != "--cfg"]
+    if bad:
+        print(f"error: unknown flag(s) {bad}\n\n{usage()}", file=sys.stderr)
+        return 2
+    from replay_pipeline.config import ConfigError  # start-up cost: hydra and the schema only
+    from replay_pipeline.resume import resolve_config
+
+    try:
+        resolve_config([a for a in argv if a != "--cfg"])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return None
