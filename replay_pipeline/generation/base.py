@@ -36,6 +36,11 @@ def check_positions(prompts: Sequence[str], encoded: list[list[int]], max_new: i
     if not limit or not encoded:
         return
     i = max(range(len(encoded)), key=lambda k: len(encoded[k]))
+    if len(encoded[i]) >= limit:
+        raise ValueError(
+            f"prompt {i} ({prompts[i][:40]!r}) has {len(encoded[i])} tokens, which alone fill {what}: "
+            "no room is left for a completion. Shorten the prompts (or drop the longest) or use a model "
+            "with more positions")
     if len(encoded[i]) + max_new > limit:
         raise ValueError(
             f"prompt {i} ({prompts[i][:40]!r}) has {len(encoded[i])} tokens; with "

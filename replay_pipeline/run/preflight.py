@@ -6,7 +6,11 @@ override that fixes it (flows.train turns it into exit code 2 before Prefect sta
 deployed run fails in its first task, before any model is built):
 
 - the run root can be written (`tracking.root_dir`);
-- `model.path` is a Hugging Face checkpoint directory; the math task's data files exist;
+- `model.path` is a Hugging Face checkpoint directory with weights and a tokenizer; the math
+  task's data files exist; a custom task's target imports;
+- a new run's `run_id` is not a run that exists;
+- an MLflow tracking server (`tracking.mlflow_uri` over http) and a Prefect API
+  (`PREFECT_API_URL`) answer within 3 s;
 - `model.device` exists on this machine (a CUDA probe);
 - the vLLM backend can run here (vllm installed and a GPU, without importing vllm); Dask is
   installed for `loop.engine=dask`;
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,7 +47,8 @@ def preflight(cfg: Any) -> None:
     """Every I/O check of the module docstring; ConfigError (or PermissionError for an
     unwritable root) listing what to fix."""
     ensure_writable(cfg.tracking.root_dir)
-    problems = [*_model_problems(cfg.model), *_task_problems(cfg.task)]
+    problems = [*_model_problems(cfg.model), *_task_problems(cfg.task), *_run_id_problems(cfg),
+                *_server_problems(cfg)]
     device = device_problem(cfg.model.device)
     if device:
         problems.append(device)
@@ -69,7 +76,56 @@ def _model_problems(model: Any) -> list[str]:
     if not (path / "config.json").is_file():
         return [f"model.path={model.path} has no config.json; it must be a Hugging Face "
                 "checkpoint directory as written by save_pretrained()"]
-    return []
+    problems = []
+    if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
+        problems.append(f"model.path={model.path} holds no weights (*.safetensors or pytorch_model*.bin); "
+                        "save the model there with model.save_pretrained(dir)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        problems.append(f"model.path={model.path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                        "save it beside the model with tokenizer.save_pretrained(dir)")
+    return problems
+
+
+#: Files of which a Hugging Face tokenizer directory holds at least one.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _run_id_problems(cfg: Any) -> list[str]:
+    """A new run (or fork) whose run_id names a run that exists under the root."""
+    if cfg.resume is not None or not cfg.run_id:
+        return []
+    existing = RunPaths.make(cfg.tracking.root_dir, cfg.run_id).run_dir / "config.yaml"
+    if not existing.is_file():
+        return []
+    return [f"run_id={cfg.run_id} is a run that exists ({existing.parent}); continue it with "
+            f"resume={cfg.run_id}, or give the new run another run_id (or none: a fresh one is made)"]
+
+
+def _server_problems(cfg: Any, timeout: float = 3.0) -> list[str]:
+    """An MLflow tracking server (tracking.mlflow_uri over http) and a Prefect API
+    (PREFECT_API_URL) must answer within `timeout` seconds: nothing listening there would
+    otherwise be retried for minutes after the run had started."""
+    targets = []
+    uri = str(cfg.tracking.mlflow_uri or "")
+    if uri.startswith(("http://", "https://")):
+        targets.append(("tracking.mlflow_uri", uri, uri.rstrip("/") + "/health"))
+    prefect = os.environ.get("PREFECT_API_URL", "")
+    if prefect.startswith(("http://", "https://")):
+        targets.append(("PREFECT_API_URL", prefect, prefect.rstrip("/") + "/health"))
+    problems = []
+    for name, where, health in targets:
+        try:
+            with urllib.request.urlopen(health, timeout=timeout):
+                pass
+        except urllib.error.HTTPError:
+            pass  # something answers there: the server's own error says more later
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            problems.append(f"{name}={where} does not answer within {timeout:.0f} s ({reason}); start the server, "
+                            f"or fix the address" + (" (unset PREFECT_API_URL to use a temporary local server)"
+                                                     if name == "PREFECT_API_URL" else
+                                                     " (unset tracking.mlflow_uri for <root>/mlflow.db)"))
+    return problems
 
 
 def _task_problems(task: Any) -> list[str]:

@@ -264,6 +264,7 @@ def _split_of(rel: Path) -> Optional[str]:
 def _read_file(p: Path, key: str) -> list[dict]:
     suffix = p.suffix.lower()
     try:
+        _check_utf8(p, suffix)
         if suffix in (".jsonl", ".ndjson"):
             return _read_json_lines(p.read_text(encoding="utf-8"), p)
         if suffix == ".json":
@@ -294,6 +295,20 @@ def _read_file(p: Path, key: str) -> list[dict]:
         raise ValueError(f"{key}: cannot read {p} ({type(exc).__name__}: {exc}); is it a valid "
                          f"{suffix.lstrip('.')} file?") from exc
     raise ValueError(f"{key}={p} has an unsupported extension {suffix or '(none)'}; " + _HOW_TO_GIVE)
+
+
+def _check_utf8(p: Path, suffix: str) -> None:
+    """A text data file that is not UTF-8 is refused naming the file, line and byte (the
+    decoder's own message names neither and the exception carries the whole file)."""
+    if suffix not in (".jsonl", ".ndjson", ".json"):
+        return
+    data = p.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{p} line {line} is not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                         "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
 def _read_json_lines(text: str, p: Path) -> list[dict]:

@@ -566,3 +566,36 @@ def test_help_and_config_errors_answer_before_prefect_and_torch_are_imported(arg
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert not {"torch", "prefect", "lancedb", "mlflow", "transformers"} & imported
     assert ("usage: python -m flows.train" in done.stdout) if code == 0 else done.stderr.count("error:") >= 1
+
+
+def test_the_preflight_refuses_a_model_without_tokenizer_a_reused_run_id_and_a_silent_mlflow_server(root, tmp_path):
+    """Issue 23 item 3: what failed only after Prefect had started, with long tracebacks, is
+    refused before any work, each with the file or setting and the fix."""
+    import socket
+
+    from replay_pipeline.config import ConfigError
+    from replay_pipeline.run.preflight import preflight
+
+    run = make_run(root, "saved-model")
+    model_dir = tmp_path / "model-only"
+    run.learner.model.save_pretrained(model_dir)  # weights and config, no tokenizer
+    run.finish()
+    with pytest.raises(ConfigError, match="holds no tokenizer .*tokenizer.save_pretrained"):
+        preflight(load_config(["model=hf", f"model.path={model_dir}", f"tracking.root_dir={root}"]))
+    with pytest.raises(ConfigError, match="run_id=saved-model is a run that exists .*resume=saved-model"):
+        preflight(load_config([*TINY_OVERRIDES, "run_id=saved-model", f"tracking.root_dir={root}"]))
+    with socket.socket() as sock:  # a port where nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"tracking.mlflow_uri=http://127.0.0.1:{port} does not answer"):
+        preflight(load_config([*TINY_OVERRIDES, f"tracking.mlflow_uri=http://127.0.0.1:{port}",
+                               f"tracking.root_dir={root}"]))
+    assert time.perf_counter() - started < 10  # was 4 min 13 s of retries, then a 448-line traceback
+
+
+def test_a_prompt_that_fills_the_models_positions_alone_is_told_so():
+    from replay_pipeline.generation.base import check_positions
+
+    with pytest.raises(ValueError, match="alone fill the model's 8 positions: no room is left for a completion"):
+        check_positions(["x" * 10], [list(range(10))], 4, 8, "the model's 8 positions")

@@ -301,6 +301,9 @@ def _bad(tmp_path: Path, name: str) -> dict:
     if name == "bad_json_line":
         (tmp_path / "b.jsonl").write_text(json.dumps(GSM8K_ROWS[0]) + "\n{not json\n")
         return {"path": str(tmp_path / "b.jsonl")}
+    if name == "not_utf8":  # latin-1 bytes on line 2
+        (tmp_path / "l.jsonl").write_bytes((json.dumps(GSM8K_ROWS[0]) + "\n").encode() + b'{"question": "caf\xe9"}\n')
+        return {"path": str(tmp_path / "l.jsonl")}
     if name == "unsupported_extension":
         (tmp_path / "g.csv").write_text("question,answer\n")
         return {"path": str(tmp_path / "g.csv")}
@@ -335,6 +338,7 @@ def _bad(tmp_path: Path, name: str) -> dict:
     ("empty_file", "no rows"),
     ("too_few_rows", "lower those sizes"),
     ("bad_json_line", "line 2"),
+    ("not_utf8", "l.jsonl line 2 is not UTF-8 (byte 0xe9"),
     ("unsupported_extension", "unsupported extension"),
     ("empty_directory", "without data files"),
     ("missing_split", "task.split"),
@@ -375,6 +379,8 @@ def hf_dir(tmp_path) -> Path:
     """A directory that passes config validation as a Hugging Face checkpoint (never loaded)."""
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"")  # the pre-flight looks for weights
+    (tmp_path / "ckpt" / "tokenizer_config.json").write_text("{}")  # and a tokenizer
     return tmp_path / "ckpt"
 
 
