@@ -7,7 +7,8 @@ deployed run fails in its first task, before any model is built):
 
 - the run root can be written (`tracking.root_dir`);
 - `model.path` is a Hugging Face checkpoint directory with weights and a tokenizer; the math
-  task's data files exist; a custom task's target imports;
+  task's data files exist and read (fields, UTF-8, enough rows); a custom task's target
+  imports;
 - a new run's `run_id` is not a run that exists;
 - an MLflow tracking server (`tracking.mlflow_uri` over http) and a Prefect API
   (`PREFECT_API_URL`) answer within 3 s;
@@ -30,16 +31,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from omegaconf import OmegaConf
+
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.lance_table import StoreError, check_storage
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.config import DASK_INSTALL, ConfigError
+from replay_pipeline.config import DASK_INSTALL, TASK_DEFAULTS, ConfigError
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.models.device import device_problem
 from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.lineage import start_point
 from replay_pipeline.runs import RunPaths, ensure_writable
-from replay_pipeline.tasks import CUSTOM
+from replay_pipeline.tasks import CUSTOM, task_from_config
 from replay_pipeline.tasks.custom import load_target
 
 
@@ -136,6 +139,11 @@ def _task_problems(task: Any) -> list[str]:
     if task.name == CUSTOM and task.target:
         try:  # importable here (a resume whose task module is gone is refused here too)
             load_target(task.target)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if task.name == "math" and not problems:
+        try:  # its data read now: a missing field, bytes that are not UTF-8, too few rows
+            task_from_config(OmegaConf.to_container(task, resolve=True), TASK_DEFAULTS)
         except ValueError as exc:
             problems.append(str(exc))
     return problems

@@ -439,3 +439,16 @@ def test_addition_is_unchanged_by_the_math_fields():
         task_from_config({**OmegaConf.to_container(cfg.task, resolve=True), "path": "/data/x.jsonl"}, TASK_DEFAULTS)
     with pytest.raises(TypeError):  # keys that are no TaskConfig field still reach the constructor
         task_from_config({"name": "addition", "digitz": 3}, TASK_DEFAULTS)
+
+
+def test_bad_data_is_refused_by_the_preflight_before_any_work(tmp_path, hf_dir):
+    """Issue 23 item 3: a data file with a missing field or bytes that are not UTF-8 failed only
+    after Prefect had started; the pre-flight reads it and names the file and the fix."""
+    from replay_pipeline.run.preflight import preflight
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes((json.dumps(GSM8K_ROWS[0]) + "\n").encode() + b'{"question": "caf\xe9", "answer": "#### 1"}\n')
+    cfg = load_config(["task=gsm8k", f"task.path={bad}", "model=hf", f"model.path={hf_dir}",
+                       f"tracking.root_dir={tmp_path / 'runs'}"])
+    with pytest.raises(ConfigError, match="bad.jsonl line 2 is not UTF-8"):
+        preflight(cfg)
