@@ -9,7 +9,8 @@ deployed run fails in its first task, before any model is built):
 - `model.path` is a Hugging Face checkpoint directory with weights and a tokenizer; the math
   task's data files exist and read (fields, UTF-8, enough rows); a custom task's target
   imports;
-- a new run's `run_id` is not a run that exists;
+- a new run's `run_id` is not a run that exists; the root has room for the planned run
+  (`planned_bytes`, a generous estimate);
 - an MLflow tracking server (`tracking.mlflow_uri` over http) and a Prefect API
   (`PREFECT_API_URL`) answer within 3 s;
 - `model.device` exists on this machine (a CUDA probe);
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -51,7 +53,7 @@ def preflight(cfg: Any) -> None:
     unwritable root) listing what to fix."""
     ensure_writable(cfg.tracking.root_dir)
     problems = [*_model_problems(cfg.model), *_task_problems(cfg.task), *_run_id_problems(cfg),
-                *_server_problems(cfg)]
+                *_server_problems(cfg), *_disk_problems(cfg)]
     device = device_problem(cfg.model.device)
     if device:
         problems.append(device)
@@ -91,6 +93,41 @@ def _model_problems(model: Any) -> list[str]:
 
 #: Files of which a Hugging Face tokenizer directory holds at least one.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def planned_bytes(cfg: Any) -> int:
+    """A generous estimate of what the run will write under its root: the rollout rows (token
+    ids and log-probs, 8 bytes a token, plus ~400 bytes of text and metadata), the usage
+    records (~120 bytes each), and loop.keep_checkpoints checkpoints (weights and two Adam
+    moments, 12 bytes a parameter; a Hugging Face model's weight files give its size); the
+    tables four times over, for versions not yet compacted and indexes (measured: a 300-step
+    baseline run's tables take about 50 MB, 2.6 kB a rollout; this says 2.1 kB)."""
+    loop, gen, model = cfg.loop, cfg.generator, cfg.model
+    if model.path is not None:
+        path = Path(os.path.expanduser(str(model.path)))
+        weights = sum(f.stat().st_size for f in path.glob("*.safetensors")) + \
+            sum(f.stat().st_size for f in path.glob("pytorch_model*.bin"))
+        checkpoint, prompt_tokens = 3 * weights, 512
+    else:
+        h, layers, inner = model.hidden_size, model.num_layers, model.intermediate_size
+        checkpoint = 12 * (layers * (4 * h * h + 3 * h * inner) + 2 * 64 * h)
+        prompt_tokens = 2 * int(cfg.task.get("digits", 3)) + 3
+    rollouts = loop.steps * loop.prompts_per_step * loop.group_size
+    rows = rollouts * (8 * (prompt_tokens + gen.max_new_tokens) + 400)
+    usage = loop.steps * loop.updates_per_step * loop.minibatch_size * 120
+    return int(4 * (rows + usage) + checkpoint * (loop.keep_checkpoints + 1))
+
+
+def _disk_problems(cfg: Any) -> list[str]:
+    """The run's root must have room for the planned run (`planned_bytes`)."""
+    need = planned_bytes(cfg)
+    free = shutil.disk_usage(ensure_writable(cfg.tracking.root_dir)).free
+    if need <= free:
+        return []
+    return [f"tracking.root_dir={cfg.tracking.root_dir} has {free / 1e9:.2f} GB free; the planned run needs about "
+            f"{need / 1e9:.2f} GB (loop.steps={cfg.loop.steps}, its rollouts, usage records and "
+            f"{cfg.loop.keep_checkpoints} checkpoints); free space, lower loop.steps or loop.keep_checkpoints, "
+            "or choose a root on a larger disk"]
 
 
 def _run_id_problems(cfg: Any) -> list[str]:

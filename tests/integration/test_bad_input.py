@@ -599,3 +599,16 @@ def test_a_prompt_that_fills_the_models_positions_alone_is_told_so():
 
     with pytest.raises(ValueError, match="alone fill the model's 8 positions: no room is left for a completion"):
         check_positions(["x" * 10], [list(range(10))], 4, 8, "the model's 8 positions")
+
+
+def test_a_run_too_large_for_the_disk_under_its_root_is_refused_before_any_work(root):
+    import shutil as _shutil
+
+    from replay_pipeline.config import ConfigError
+    from replay_pipeline.run.preflight import planned_bytes, preflight
+
+    cfg = load_config([*TINY_OVERRIDES, "loop.steps=2000000000", f"tracking.root_dir={root}"])
+    assert planned_bytes(cfg) > _shutil.disk_usage(root).free  # more than any disk here holds
+    with pytest.raises(ConfigError, match=r"GB free; the planned run needs about .* lower loop.steps"):
+        preflight(cfg)
+    preflight(load_config([*TINY_OVERRIDES, f"tracking.root_dir={root}"]))  # a small run passes
