@@ -40,6 +40,7 @@ from replay_pipeline.buffer.lance_table import StoreError, check_storage
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.config import DASK_INSTALL, TASK_DEFAULTS, ConfigError
 from replay_pipeline.generation import vllm_backend
+from replay_pipeline.lease import LeaseHeld, holder
 from replay_pipeline.models.device import device_problem
 from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.lineage import start_point
@@ -137,6 +138,9 @@ def _run_id_problems(cfg: Any) -> list[str]:
     existing = RunPaths.make(cfg.tracking.root_dir, cfg.run_id).run_dir / "config.yaml"
     if not existing.is_file():
         return []
+    live = holder(existing.parent)
+    if live is not None:  # a live run: say who drives it (replay_pipeline/lease.py)
+        return [str(LeaseHeld(existing.parent, live))]
     return [f"run_id={cfg.run_id} is a run that exists ({existing.parent}); continue it with "
             f"resume={cfg.run_id}, or give the new run another run_id (or none: a fresh one is made)"]
 
