@@ -168,7 +168,9 @@ GRIDS: dict[str, Grid] = {
     # baseline steps, 19,200 rollouts): at 100 steps every baseline run is still climbing fast,
     # while the paper compares runs near their peak (PAPER.md, "How results are read"); over 300
     # steps the baseline's climb slows down (it has not stopped: its median peaks at step 300).
-    # Measured: 45 min on the 2-core CPU machine (README, "At three times the budget").
+    # Measured: 45 min on the 2-core CPU machine for the first two configurations at 2 threads;
+    # with both controls, at one thread beside other work, 142 min (README, "At three times the
+    # budget, on confirmation seeds 10-19").
     "long": Grid(
         configs={**{name: _DEFAULT.configs[name]
                     for name in ("no_buffer", "posbias_prio512_r32_b32", "no_buffer_r32")},
