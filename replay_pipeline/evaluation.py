@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from replay_pipeline.scoring import reward_of
+from replay_pipeline.scoring import rewards_of
 from replay_pipeline.tasks.base import Prompt
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
@@ -98,8 +98,8 @@ def evaluate_greedy(generator, task, prompts: Sequence[Prompt], seed: int = 0) -
     lengths = 0
     stops = 0
     flagged = 0
-    for prompt, (sample,) in zip(prompts, samples):
-        value, error = reward_of(task, prompt, sample.text, sample.finish_reason)
+    scored = rewards_of(task, [(prompt, sample.text, sample.finish_reason) for prompt, (sample,) in zip(prompts, samples)])
+    for (value, error), (sample,) in zip(scored, samples):
         correct += value > 0
         flagged += error is not None
         lengths += len(sample.completion_ids)
@@ -119,9 +119,12 @@ def evaluate_greedy(generator, task, prompts: Sequence[Prompt], seed: int = 0) -
 def _correct_counts(task, prompts: Sequence[Prompt], samples) -> tuple[np.ndarray, int]:
     """Correct samples per prompt, and how many were flagged (scored 0: the reward raised,
     was not a number or timed out; replay_pipeline/scoring.py)."""
-    scored = [[reward_of(task, p, s.text, s.finish_reason) for s in group] for p, group in zip(prompts, samples)]
-    counts = np.asarray([sum(value > 0 for value, _ in group) for group in scored], dtype=np.int64)
-    return counts, sum(error is not None for group in scored for _, error in group)
+    flat = rewards_of(task, [(p, s.text, s.finish_reason) for p, group in zip(prompts, samples) for s in group])
+    counts, i = [], 0
+    for group in samples:
+        counts.append(sum(value > 0 for value, _ in flat[i:i + len(group)]))
+        i += len(group)
+    return np.asarray(counts, dtype=np.int64), sum(error is not None for _, error in flat)
 
 
 def evaluate_sampled(generator, task, prompts: Sequence[Prompt], *, n: int = 16,

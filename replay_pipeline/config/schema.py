@@ -373,8 +373,8 @@ class RewardConfig:
     timeout: Optional[float] = bounded(30.0, gt=0, finite=True, null="for no timeout")
     """Seconds one call of the reward may take. A call that takes longer scores 0, flagged
     "reward timed out after N s" like a reward that raises (the call is left to finish on a
-    daemon thread: Python cannot stop it). The guard costs a thread hand-off, about 50 us a
-    call here (README); None runs rewards inline."""
+    daemon thread: Python cannot stop it). The guard costs one thread hand-off a batch, 1-2 us
+    a call here (README); None runs rewards inline."""
     max_flagged_fraction: float = bounded(0.9, ge=0, le=1)
     """A training batch with a larger share of flagged rollouts (raised, not a number, timed
     out) stops the run before the batch is stored, naming the first reason: that is a broken

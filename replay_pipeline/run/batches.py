@@ -22,7 +22,7 @@ from replay_pipeline import faults
 from replay_pipeline.buffer.schema import columns_to_table, group_rollout_ids
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, make_usage_ids
 from replay_pipeline.generation.base import Sample
-from replay_pipeline.scoring import check_flagged, group_advantages, reward_of, warn_flagged
+from replay_pipeline.scoring import check_flagged, group_advantages, rewards_of, warn_flagged
 from replay_pipeline.tasks.base import Prompt
 
 # Columns the learner needs from a stored rollout (a window read never loads the text).
@@ -81,12 +81,9 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int, worker: int | 
     rollouts out as rows of the rollout table (see TrainingRun.score). RewardFailure, before
     anything is stored, when more than `max_flagged_fraction` of them were flagged."""
     start = time.perf_counter()
-    rewards, errors = [], []
-    for prompt, group in zip(batch.prompts, batch.samples):
-        for s in group:
-            value, error = reward_of(task, prompt, s.text, s.finish_reason)
-            rewards.append(value)
-            errors.append(error)
+    scored = rewards_of(task, [(prompt, s.text, s.finish_reason)
+                               for prompt, group in zip(batch.prompts, batch.samples) for s in group])
+    rewards, errors = [value for value, _ in scored], [error for _, error in scored]
     reward_seconds = time.perf_counter() - start
     flagged = warn_flagged(batch.step, errors)
     check_flagged(batch.step, errors, max_flagged_fraction)
