@@ -39,6 +39,7 @@ if __name__ == "__main__":  # answer --help and configuration errors before Pref
     _code = _answer_early(sys.argv[1:])
     if _code is not None:
         sys.exit(_code)
+    _ANSWERED_EARLY = list(sys.argv[1:])  # main() need not compose the command line a second time
 
 import functools
 import shutil
@@ -231,9 +232,10 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    early = answer_early(argv)  # --help, unknown flags, configuration errors
-    if early is not None:
-        return early
+    if argv != globals().get("_ANSWERED_EARLY"):  # not yet answered above (main called directly)
+        early = answer_early(argv)  # --help, unknown flags, configuration errors
+        if early is not None:
+            return early
     show_cfg = "--cfg" in argv
     overrides = [a for a in argv if a != "--cfg"]
     try:
