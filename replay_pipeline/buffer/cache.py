@@ -126,10 +126,15 @@ class WindowCache:
         if self.rows is None:
             return
         if self._prefetch is not None:
-            rows = self._prefetch.take()
+            rows, covered = self._prefetch.take()
         else:
             ds = self.store._dataset()
             self.fragments, rows = _new_rows(ds, self.fragments, self.columns, self.lo)
+            covered = ds.count_rows() if rows is not None else 0
+        # Every row of the table as of that look is mirrored now, and none has a seq at or past
+        # hi; racing writers that shared seq values leave fewer seqs than rows, so the table's
+        # count may exceed hi: a window ending there is the one ending at hi (as fill() has it).
+        self.hi = max(self.hi, covered)
         if rows is None or rows.num_rows == 0:
             return
         keep = pc.greater_equal(rows.column("seq"), self.lo)
@@ -251,11 +256,13 @@ class _Prefetch:
             self.pending = None
             self.epoch += 1
 
-    def take(self) -> pa.Table | None:
+    def take(self) -> tuple[pa.Table | None, int]:
+        """The rows read since the last take, and the table's row count as of the look that
+        read the newest of them (0 before the first fill)."""
         self.check()
         with self.lock:
             pending, self.pending = self.pending, None
-        return pending
+            return pending, self.count if self.fragments is not None else 0
 
     def check(self) -> None:
         if self.error is not None:
