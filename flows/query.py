@@ -5,11 +5,22 @@
     python -m flows.query usage RUN_ID --learner-steps 0:9 --format csv --output usage.csv
     python -m flows.query summary RUN_ID --by version|staleness|reuse
     python -m flows.query runs --uri s3://bucket/prefix --storage-option aws_endpoint=http://127.0.0.1:9000
+    python -m flows.query rollouts RUN_ID --skip-damaged          # only the rows still readable
+    python -m flows.query repair RUN_ID [--table rollouts|usage|all] [--dry-run]
 
 The CLI only parses arguments and renders; the queries are replay_pipeline.analysis, which
 is imported after parsing so that --help and argument errors answer at once (lancedb takes a
 few seconds to import). Errors go to stderr with exit status 2 and say how to fix the call;
 a filter that matches nothing is not an error (exit 0, with a note on stderr).
+
+Damaged tables (a data file missing or corrupt): a read that meets one fails with one line
+naming the run, table, file and version and the repair command (exit 2); `runs` lists such
+a run as `damaged: <file>` and the other runs as usual; `--skip-damaged` reads the intact
+rows, with a warning line per skipped file. `repair` keeps every readable row, brings back
+the rows older table versions still hold, moves the damaged files aside into
+`<table>.lance/_damaged/<time>/` and reports rows kept, brought back and lost
+(replay_pipeline/buffer/repair.py); `--dry-run` only reports. Exit 0 when the tables are
+repaired or intact, 2 for bad input (an unknown run).
 
 Output: `table` (default) prints a width-limited table, 20 rows unless --limit says
 otherwise; csv, jsonl and parquet write every matching row to --output (csv and jsonl may go
@@ -20,11 +31,13 @@ written at float32 precision (0.1, not 0.10000000149011612). Parquet keeps the A
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
 import sys
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -54,6 +67,8 @@ examples:
   python -m flows.query rollouts RUN_ID --format parquet --output rollouts.parquet
   python -m flows.query usage RUN_ID --learner-steps 0:9 --format csv --output usage.csv
   python -m flows.query summary RUN_ID --by staleness --format jsonl
+  python -m flows.query rollouts RUN_ID --skip-damaged        # the readable rows of a damaged table
+  python -m flows.query repair RUN_ID --dry-run               # what a repair would keep and lose
   python -m flows.query rollouts RUN_ID --uri s3://bucket/prefix --versions 0:3 \
       --storage-option aws_endpoint=http://127.0.0.1:9000 --storage-option allow_http=true
 
@@ -142,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="table (default), csv, jsonl or parquet")
     out.add_argument("--output", metavar="FILE", help="write to FILE (required for parquet; csv/jsonl default to stdout)")
 
+    reading = argparse.ArgumentParser(add_help=False)
+    reading.add_argument("--skip-damaged", action="store_true",
+                         help="read only the intact rows of a damaged table (a warning names each skipped "
+                              "file); without it a damaged table is an error naming the repair command")
+
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="python -m flows.query",
@@ -149,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "usage_<run_id> in the LanceDB database) as a table, CSV, JSONL or Parquet.",
         epilog=EXAMPLES, formatter_class=fmt,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{runs,rollouts,usage,summary,migrate}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{runs,rollouts,usage,summary,migrate,repair}", required=True)
 
     p = sub.add_parser("runs", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
                        help="list the runs: status, steps, accuracy, rollouts, usage records, versions, tags",
@@ -167,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wide", action="store_true", help="every column in the table format (the holder, "
                    "usage records, policy versions, times, tags)")
 
-    p = sub.add_parser("rollouts", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+    p = sub.add_parser("rollouts", parents=[where, output, reading], formatter_class=fmt, epilog=EXAMPLES,
                        help="a run's rollouts, filtered, with their reuse counts",
                        description="A run's rollouts in append order (seq), with reuse_count: how many "
                                    "learner steps used each. Filters combine with AND.")
@@ -184,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--min-reuse", type=_non_negative_int, metavar="N", help="used at least N times")
     f.add_argument("--max-reuse", type=_non_negative_int, metavar="N", help="used at most N times (0: never)")
 
-    p = sub.add_parser("usage", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+    p = sub.add_parser("usage", parents=[where, output, reading], formatter_class=fmt, epilog=EXAMPLES,
                        help="a run's usage records: which rollouts each learner step used",
                        description="A run's usage records, one per (learner step, minibatch position), "
                                    "sorted by learner step.")
@@ -195,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--versions", type=_range_type("--versions"), metavar="LO:HI",
                    help="the learner's policy version at use")
 
-    p = sub.add_parser("summary", parents=[where, output], formatter_class=fmt, epilog=EXAMPLES,
+    p = sub.add_parser("summary", parents=[where, output, reading], formatter_class=fmt, epilog=EXAMPLES,
                        help="per-version statistics, or the staleness or reuse histogram",
                        description="version: rollouts, mean reward, accuracy and mean length per policy "
                                    "version; staleness: uses per staleness; reuse: rollouts per reuse count.")
@@ -210,7 +230,48 @@ def build_parser() -> argparse.ArgumentParser:
                                    "value changed. Rows with null are re-scored at the run's "
                                    "generator.temperature, as they were before the columns existed.")
     p.add_argument("run_id", metavar="RUN_ID")
+
+    p = sub.add_parser("repair", parents=[where], formatter_class=fmt,
+                       help="repair a run's damaged tables: keep every readable row, move the damaged files aside",
+                       description="Find the data files of the run's tables that are missing or do not decode "
+                                   "(every fragment is read), then write a new table version without them, add "
+                                   "back the lost rows that older versions still hold (kept a week after a "
+                                   "compaction, and by checkpoint tags), and move the damaged files into "
+                                   "<table>.lance/_damaged/<time>/ with a repair.json. Nothing readable is "
+                                   "deleted. Reports rows kept, brought back and lost, and the versions.")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--table", choices=["rollouts", "usage", "all"], default="all",
+                   help="which table to check and repair (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="only report what a repair would do")
     return parser
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """`repair`: the other write this command makes, and only on request."""
+    # start-up cost: lancedb, after the arguments are parsed
+    from replay_pipeline.buffer import RolloutStore, UsageStore
+    from replay_pipeline.buffer.lance_table import StoreError
+    from replay_pipeline.buffer.repair import repair_table
+
+    kinds = {"rollouts": [RolloutStore], "usage": [UsageStore], "all": [RolloutStore, UsageStore]}[args.table]
+    try:
+        uri, opts = _database(args), _options(args)
+        if args.run_id not in RolloutStore.list_runs(uri, storage_options=opts) + \
+                UsageStore.list_runs(uri, storage_options=opts):
+            raise QueryError(f"unknown run id {args.run_id!r}: no rollouts_{args.run_id} or usage_{args.run_id} "
+                             f"table in {uri}; `python -m flows.query runs` lists the runs")
+        reports = [repair_table(kind.open(uri, args.run_id, storage_options=opts), dry_run=args.dry_run)
+                   for kind in kinds if args.run_id in kind.list_runs(uri, storage_options=opts)]
+    except (QueryError, StoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for report in reports:
+        print("\n".join(report.lines()))
+    if any(r.damaged and not r.dry_run for r in reports):
+        print(f"resume the run as usual (python -m flows.train resume={args.run_id}): rollouts lost after its "
+              "newest checkpoint are generated again; if rows it needs were lost, the resume says which "
+              "checkpoint to fork from")
+    return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -382,7 +443,8 @@ def _with_status(table: Any, root: Path) -> Any:
     rows = []
     for run_id in ids:
         state = run_status(root, run_id) if (root / run_id).is_dir() else {}
-        row = {"run_id": run_id, "status": state.get("status", "unknown"),
+        damaged = stored.get(run_id, {}).get("damaged")
+        row = {"run_id": run_id, "status": f"damaged: {damaged}" if damaged else state.get("status", "unknown"),
                "steps_done": state.get("steps_done"), "steps_planned": state.get("steps_planned"),
                "heldout_accuracy": state.get("heldout_accuracy"),
                "started_at": datetime.fromisoformat(state["started_at"]).astimezone(timezone.utc)
@@ -418,6 +480,8 @@ def _runs_view(table: Any) -> Any:
 
 def _cmd_runs(analysis: Any, uri: str | None, args: argparse.Namespace) -> tuple[Any, int, str]:
     table = analysis.list_runs(uri, storage_options=_options(args)) if uri else None
+    if table is not None and table.column("damaged").null_count == table.num_rows:
+        table = table.drop_columns(["damaged"])  # shown only when a run has a damaged table
     if not args.uri:
         table = _with_status(table, Path(args.root).expanduser().resolve())
     if args.columns is None and args.format == "table" and not args.wide and not args.uri:
@@ -593,14 +657,30 @@ def _emit(args: argparse.Namespace, result: Any, matched: int, empty: str, what:
         print(f"wrote {result.num_rows} {what} to {args.output}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _reading(analysis: Any, args: argparse.Namespace):
+    """--skip-damaged: the command reads only intact rows, and each skipped file gets one
+    warning line on stderr (after the command, in the CLI's own words)."""
+    if not getattr(args, "skip_damaged", False):
+        yield
+        return
+    with warnings.catch_warnings(), analysis.intact_reads() as skipped:
+        warnings.simplefilter("ignore")  # said below, once per file
+        yield
+    for damaged in skipped.values():
+        print(f"warning: skipped {damaged.rows} unreadable rows of run {args.run_id}: data file "
+              f"{damaged.describe()}; `python -m flows.query repair {args.run_id}` repairs the table",
+              file=sys.stderr)
+
+
 _WHAT = {"runs": "runs", "rollouts": "rollouts", "usage": "usage records", "summary": "rows"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "migrate":
-        return _migrate(args)
+    if args.command in ("migrate", "repair"):
+        return _migrate(args) if args.command == "migrate" else _repair(args)
     if args.format == "parquet" and not args.output:
         parser.error("--format parquet writes a binary file: add --output FILE, e.g. --output rollouts.parquet")
     for lo, hi in (("reward_min", "reward_max"), ("min_reuse", "max_reuse")):
@@ -611,9 +691,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uri = _database_or_none(args)
         from replay_pipeline import analysis  # after parsing: lancedb is slow to import
+        from replay_pipeline.buffer.lance_table import StoreError
 
-        result, matched, empty = COMMANDS[args.command](analysis, uri, args)
+        with _reading(analysis, args):
+            result, matched, empty = COMMANDS[args.command](analysis, uri, args)
     except (QueryError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:  # a damaged table: run, table, file, version and the repair command
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

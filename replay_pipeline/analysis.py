@@ -29,6 +29,13 @@ Decisions:
 * **Bad input raises ValueError saying how to fix it**; a filter that matches nothing is not
   an error and returns an empty table with the right columns.
 
+* **Damaged tables** (a data file missing or corrupt): a read that meets one raises
+  :class:`~replay_pipeline.buffer.lance_table.DamagedTable` (a ``StoreError``) naming the run,
+  table, file and version, and the repair command; :func:`list_runs` lists such a run with
+  its ``damaged`` column set (the other runs are unaffected). Inside
+  ``with analysis.intact_reads():`` every function reads only the intact rows instead, with
+  a warning naming what it skipped (``python -m flows.query ... --skip-damaged``).
+
 The usage table is read through ``UsageStore`` (``open``, ``count``, ``reuse_counts``,
 ``rows``).
 """
@@ -44,13 +51,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay_pipeline.buffer.lance_table import (_exists, describe_storage_error, is_object_store,
-                                                normalize_storage_options, table_names)
+from replay_pipeline.buffer.lance_table import (DamagedTable, _exists, describe_storage_error, intact_reads,
+                                                is_object_store, normalize_storage_options, read_rows, table_names)
 from replay_pipeline.buffer.store import TABLE_PREFIX as ROLLOUT_PREFIX
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, UsageStore
 
 __all__ = [
+    "DamagedTable",
     "USAGE_PREFIX",
+    "intact_reads",
     "USAGE_SCHEMA",
     "list_runs",
     "run_info",
@@ -123,15 +132,17 @@ def _open_usage(
 
 
 # ------------------------------------------------------------------ scanning and validation
-def _scan(table: Any, where: str | None, columns: Sequence[str] | None, limit: int | None = None) -> pa.Table:
+def _scan(table: Any, where: str | None, columns: Sequence[str] | None, limit: int | None = None,
+          count: bool = False) -> Any:
     """Rows of a lancedb table matching ``where`` (evaluated by Lance during the scan), with
-    only ``columns``; at most ``limit`` rows. Every read of a rollout table goes through here."""
-    q = table.search()
-    if where is not None:
-        q = q.where(where)
-    if columns is not None:
-        q = q.select(list(columns))
-    return q.limit(limit).to_arrow()  # search() would default to 10 rows
+    only ``columns``; at most ``limit`` rows (their number instead, ``count``). Every read of a
+    rollout table goes through here, to the Lance dataset under it
+    (:func:`~replay_pipeline.buffer.lance_table.read_rows`: damaged files are reported, or
+    skipped inside :func:`intact_reads`)."""
+    dataset = table.to_lance()
+    name = str(table.name)
+    return read_rows(dataset, where, columns, limit, table=name, run_id=name[len(ROLLOUT_PREFIX):],
+                     uri=str(dataset.uri).rstrip("/").rsplit("/", 1)[0], count=count)
 
 
 def _range(name: str, value: Any) -> tuple[int | None, int | None] | None:
@@ -245,7 +256,12 @@ def _run_row(db: lancedb.DBConnection, names: set[str], uri: str | Path, run_id:
     table = db.open_table(ROLLOUT_PREFIX + run_id)
     reader = _open_usage(db, uri, run_id, names, storage_options)
     # Two narrow columns, not the rows: cheap even for a long run.
-    cols = _scan(table, None, ["policy_version", "created_at"])
+    try:
+        cols = _scan(table, None, ["policy_version", "created_at"])
+    except DamagedTable as exc:  # listed with what is known without reading it
+        return {"run_id": run_id, "rollouts": int(table.count_rows()),
+                "usage_records": reader.count() if reader is not None else 0, "version": int(table.version),
+                "tags": sorted(table.tags.list()), "damaged": ", ".join(p.removeprefix(exc.uri.rstrip("/") + "/") for p in exc.paths)}
     n = cols.num_rows
     versions = pc.min_max(cols["policy_version"]) if n else None
     created = pc.min_max(cols["created_at"]) if n else None
@@ -260,6 +276,7 @@ def _run_row(db: lancedb.DBConnection, names: set[str], uri: str | Path, run_id:
         "last_created_at": created["max"].as_py() if n else None,
         "version": int(table.version),
         "tags": [name for name, _ in tags],
+        "damaged": None,
     }
 
 
@@ -274,6 +291,7 @@ _RUNS_SCHEMA = pa.schema(
         pa.field("last_created_at", pa.timestamp("us", tz="UTC")),
         pa.field("version", pa.int64()),
         pa.field("tags", pa.list_(pa.string())),
+        pa.field("damaged", pa.string()),
     ]
 )
 
@@ -284,8 +302,10 @@ def list_runs(uri: str | Path, *, as_pandas: bool = False,
 
     Columns: run_id, rollouts, usage_records (0 for a run without a usage table),
     min/max_policy_version and first/last_created_at of its rollouts (null for an empty
-    table), version (the rollout table's current Lance version) and tags (tag names, oldest
-    version first). An existing database without runs gives an empty table.
+    table), version (the rollout table's current Lance version), tags (tag names, oldest
+    version first) and damaged (null, or the damaged rollout table and its unreadable files:
+    that run's row then gives only what needs no read). An existing database without runs
+    gives an empty table.
     """
     db = _connect(uri, storage_options)
     names = set(table_names(db))
@@ -417,7 +437,7 @@ def count_rollouts(
     reuse = _reuse_bounds(min_reuse, max_reuse)
     run = _Run(uri, run_id, storage_options)
     if reuse == (None, None):
-        return int(run.rollouts.count_rows(where))
+        return int(_scan(run.rollouts, where, None, count=True))
     return _select_rollouts(run, where, reuse, ["seq"], None).num_rows
 
 

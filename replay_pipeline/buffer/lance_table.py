@@ -37,6 +37,19 @@ Decisions (DESIGN.md, principles 1, 3, 4 and 5):
 * **Versions and tags.** Every commit is a Lance version; :meth:`tag` names one and
   :meth:`read_at` reads the table as it was then through a separate handle, so the live handle
   keeps following the newest version.
+* **Damaged tables.** A data file that is missing or whose bytes no longer decode makes every
+  scan that reaches it fail with Lance's own error, which names no table, run or step. Every
+  read goes through :func:`read_rows`: when Lance fails it reads each fragment of the version
+  on its own (every column, :func:`scan_damage`) to find the damaged files, and raises
+  :class:`DamagedTable` (run, table, file, fragment, rows, version, and the repair command);
+  if every fragment reads, Lance's error was something else and is raised as it was. Nothing
+  is checked while reads succeed (no cost on a healthy table). Inside :func:`intact_reads` a
+  read that meets a damaged file skips its fragments instead (a warning names them, once per
+  file): ``flows.query --skip-damaged``. :meth:`LanceTable.damage` checks a table on request
+  (``deep=False``: only that every file exists and its footer decodes, one small read a file;
+  ``deep=True``: every page decodes, a full read). Corrupted bytes that still decode (Lance v2
+  files carry no page checksums) cannot be seen by any reader. The repair is
+  :mod:`replay_pipeline.buffer.repair`'s.
 
 Concurrency (lancedb 0.40): several processes may append to one table and every commit
 succeeds (appends never conflict). The lookup and the append are two steps, so two writers that
@@ -57,9 +70,13 @@ connection failures raise :class:`StoreError` saying what to set.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -72,8 +89,9 @@ from lancedb.index import BTree
 
 from .schema import SchemaMismatch, rows_to_table, schema_mismatches
 
-__all__ = ["COMPACT_TARGET_ROWS", "LanceTable", "StoreError", "check_storage", "describe_storage_error",
-           "int_filter", "is_object_store", "normalize_storage_options", "sql_str", "table_names"]
+__all__ = ["COMPACT_TARGET_ROWS", "DamagedFile", "DamagedTable", "LanceTable", "StoreError", "check_storage",
+           "describe_storage_error", "int_filter", "intact_reads", "is_object_store", "normalize_storage_options",
+           "read_rows", "scan_damage", "sql_str", "table_names"]
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 # Rows besides the batch's own that the id lookup's range may hold before it falls back to
@@ -96,6 +114,174 @@ class StoreError(RuntimeError):
 class ConcurrentAppend(StoreError):
     """A numbered append found rows it did not expect: another process writes the same table.
     Never retried (a retry would interleave two drivers' steps)."""
+
+
+@dataclass(frozen=True)
+class DamagedFile:
+    """One unreadable data file of a table version: its full path, the fragment it holds
+    rows of, those rows, and what is wrong (``missing``, or ``corrupt: <Lance's words>``)."""
+
+    path: str
+    fragment: int
+    rows: int
+    problem: str
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.problem}; fragment {self.fragment}, {self.rows} rows)"
+
+
+#: How a damaged table is repaired, named once for every message.
+REPAIR_COMMAND = "python -m flows.query repair {run_id} --uri {uri}"
+
+
+class DamagedTable(StoreError):
+    """A read met data files of the table's current version that are missing or do not
+    decode. Attributes: ``run_id``, ``table`` (its name), ``version``, ``files``
+    (:class:`DamagedFile`, each with its path), ``uri`` (the database)."""
+
+    def __init__(self, table: str, run_id: str, version: int, files: Sequence[DamagedFile], uri: str):
+        self.table, self.run_id, self.version, self.files, self.uri = table, run_id, int(version), list(files), uri
+        rows = sum(f.rows for f in self.files)
+        super().__init__(
+            f"table {table} of run {run_id} is damaged at version {version}: "
+            + "; ".join(f"data file {f.describe()}" for f in self.files)
+            + f" ({rows} rows unreadable). Repair it with `{self.repair_command}` (it keeps every "
+            "readable row, brings back what an older version still holds, and moves the damaged files "
+            "aside into the table's _damaged/ folder; add --dry-run to see what it would do), or read "
+            "the intact rows meanwhile with `python -m flows.query ... --skip-damaged`")
+
+    @property
+    def repair_command(self) -> str:
+        return REPAIR_COMMAND.format(run_id=self.run_id, uri=self.uri)
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.files]
+
+
+# Lance raises these for a missing or undecodable file (pyarrow's ArrowInvalid is a ValueError).
+_READ_ERRORS = (OSError, ValueError, RuntimeError)
+
+
+def _lance_words(exc: BaseException) -> str:
+    """The first line of Lance's message, without its Rust source location."""
+    text = " ".join(str(exc).split()).removeprefix("External error: ")
+    text = re.sub(r",? /\S+\.rs:\d+:\d+", "", text)
+    return text if len(text) <= 160 else text[:160] + " ..."
+
+
+def _file_path(dataset: Any, data_file: Any) -> str:
+    """Where a fragment's data file lives: the table's data/ folder, or (a fork's shallow
+    clone) the data/ folder of the base it was cloned from."""
+    base = str(dataset.uri).rstrip("/")
+    base_id = getattr(data_file, "base_id", None)
+    if base_id is not None:
+        try:
+            base = str(dataset.base_paths()[base_id].path).rstrip("/")
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+            pass
+    return f"{base}/data/{data_file.path}"
+
+
+def _fragment_rows(fragment: Any) -> int:
+    meta = fragment.metadata
+    return int(meta.physical_rows) - int(meta.num_deletions or 0)
+
+
+def scan_damage(dataset: Any, deep: bool = True, fragments: Iterable[Any] | None = None) -> list[DamagedFile]:
+    """The unreadable data files of ``dataset``'s version (of ``fragments``, default all):
+    each fragment is read on its own, every column (``deep``), or only opened (its files'
+    footers and schema decode: ``deep=False``, one small read a file). A missing local file is
+    ``missing``; any other failure is ``corrupt`` with Lance's words. A fragment of several
+    data files (columns added later) is blamed on the files that fail on their own columns."""
+    out: list[DamagedFile] = []
+    for fragment in dataset.get_fragments() if fragments is None else fragments:
+        problem = _fragment_problem(fragment, deep)
+        if problem is None:
+            continue
+        files = fragment.data_files()
+        rows = _fragment_rows(fragment)
+        blamed = []
+        for data_file in files:
+            path = _file_path(dataset, data_file)
+            if not is_object_store(path) and not Path(path.removeprefix("file://")).exists():
+                blamed.append(DamagedFile(path, fragment.fragment_id, rows, "missing"))
+        if not blamed and len(files) > 1:
+            names = {f.id(): f.name() for f in dataset.lance_schema.fields()}  # top-level columns
+            for data_file in files:
+                cols = [names[i] for i in data_file.field_ids() if i in names]
+                if cols and _fragment_problem(fragment, deep, cols) is not None:
+                    blamed.append(DamagedFile(_file_path(dataset, data_file), fragment.fragment_id, rows, problem))
+        if not blamed:
+            blamed = [DamagedFile(_file_path(dataset, f), fragment.fragment_id, rows, problem) for f in files]
+        out.extend(blamed)
+    return out
+
+
+def _fragment_problem(fragment: Any, deep: bool, columns: list[str] | None = None) -> str | None:
+    try:
+        if deep:
+            for _ in fragment.to_batches(columns=columns, batch_size=4096):
+                pass
+        else:
+            fragment.validate()
+    except _READ_ERRORS as exc:
+        words = _lance_words(exc)
+        missing = ("Not found" in words or "No such file" in words) and "decode" not in words
+        return "missing" if missing else f"corrupt: {words}"
+    return None
+
+
+# The damaged files each intact_reads() block has skipped (None: outside such a block).
+_SKIPPING: contextvars.ContextVar[dict[str, DamagedFile] | None] = contextvars.ContextVar("skipping", default=None)
+# Damaged fragments found so far, per (table directory, version): a version never changes.
+_KNOWN_DAMAGE: dict[tuple[str, int], list[DamagedFile]] = {}
+
+
+@contextlib.contextmanager
+def intact_reads() -> Iterator[dict[str, DamagedFile]]:
+    """Within this block every read of a damaged table skips its damaged fragments instead of
+    raising :class:`DamagedTable`, with one warning per skipped file. Yields the files skipped
+    so far (path -> :class:`DamagedFile`), filled in as reads meet them."""
+    skipped: dict[str, DamagedFile] = {}
+    token = _SKIPPING.set(skipped)
+    try:
+        yield skipped
+    finally:
+        _SKIPPING.reset(token)
+
+
+def read_rows(dataset: Any, where: str | None, columns: Sequence[str] | None, limit: int | None = None, *,
+              table: str, run_id: str, uri: str, count: bool = False) -> Any:
+    """``dataset.to_table(columns, filter=where, limit)`` (the row count instead, ``count``),
+    with a damaged table reported as :class:`DamagedTable` or, inside :func:`intact_reads`,
+    read without its damaged fragments (see the module docstring)."""
+    columns = None if columns is None else list(columns)
+    key = (str(dataset.uri), int(dataset.version))
+    skipping = _SKIPPING.get()
+    if skipping is None or key not in _KNOWN_DAMAGE:
+        try:
+            if count:
+                return dataset.count_rows(where)
+            return dataset.to_table(columns=columns, filter=where, limit=limit)
+        except _READ_ERRORS as exc:
+            if key not in _KNOWN_DAMAGE:
+                damage = scan_damage(dataset)
+                if not damage:
+                    raise  # not the files: Lance's own error, as it was
+                _KNOWN_DAMAGE[key] = damage
+            if skipping is None:
+                raise DamagedTable(table, run_id, dataset.version, _KNOWN_DAMAGE[key], uri) from exc
+    damage = _KNOWN_DAMAGE[key]
+    for f in damage:
+        if f.path not in skipping:
+            skipping[f.path] = f
+            warnings.warn(f"skipped {f.rows} unreadable rows of {table} (run {run_id}, version "
+                          f"{dataset.version}): data file {f.describe()}", stacklevel=2)
+    bad = {f.fragment for f in damage}
+    scanner = dataset.scanner(columns=columns, filter=where, limit=limit,
+                              fragments=[f for f in dataset.get_fragments() if f.fragment_id not in bad])
+    return scanner.count_rows() if count else scanner.to_table()
 
 
 def sql_str(value: str) -> str:
@@ -530,9 +716,10 @@ class LanceTable:
             hits = pa.chunked_array([c for f in found for c in f.chunks], pa.string())
         return pc.filter(hits, pc.is_in(hits, value_set=ids)).combine_chunks()
 
-    def _assign(self, data: pa.Table, start: int | None = None) -> pa.Table:
+    def _assign(self, data: pa.Table, start: int | None = None, positions: np.ndarray | None = None) -> pa.Table:
         """Fill in the ``ASSIGNED`` columns of the rows about to be inserted (none by default);
-        ``start``: the number of rows stored, if the caller knows it (see :meth:`prepare`)."""
+        ``start``: the number of rows stored, if the caller knows it (see :meth:`prepare`);
+        ``positions``: where these rows were in the batch, when stored rows were dropped from it."""
         return data
 
     def _append(self, data: Any, known_new: bool = False) -> int:
@@ -559,11 +746,14 @@ class LanceTable:
             return None
         self._check_batch(data)
         stored = [] if known_new else self._stored_ids(data.column(self.ID_COLUMN))
+        positions = None
         if len(stored):
-            data = data.filter(pc.invert(pc.is_in(data.column(self.ID_COLUMN), value_set=stored)))
+            keep = pc.invert(pc.is_in(data.column(self.ID_COLUMN), value_set=stored))
+            positions = np.flatnonzero(keep.to_numpy(zero_copy_only=False))
+            data = data.filter(keep)
             if data.num_rows == 0:
                 return None
-        return self._assign(data, start)
+        return self._assign(data, start, positions)
 
     def insert(self, prepared: pa.Table, expect_count: int | None = None) -> int:
         """The second half of an append: commit rows returned by :meth:`prepare` (one new
@@ -607,10 +797,10 @@ class LanceTable:
     def _query(
         self, where: str | None, columns: Sequence[str] | None, table: Any = None, limit: int | None = None
     ) -> pa.Table:
-        """Rows matching ``where`` (pushed down; None: all), with only ``columns``, unordered."""
-        return self._dataset(table).to_table(
-            columns=None if columns is None else list(columns), filter=where, limit=limit
-        )
+        """Rows matching ``where`` (pushed down; None: all), with only ``columns``, unordered
+        (:func:`read_rows`: a damaged table raises :class:`DamagedTable`)."""
+        return read_rows(self._dataset(table), where, columns, limit, table=self.table_name, run_id=self.run_id,
+                         uri=self.uri)
 
     def _check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         if columns is None:
@@ -641,6 +831,22 @@ class LanceTable:
     def count(self) -> int:
         """Rows stored (all writers' commits so far)."""
         return self._table.count_rows()
+
+    def count_where(self, where: str) -> int:
+        """Rows matching ``where`` (:func:`read_rows`: a damaged table raises :class:`DamagedTable`)."""
+        return int(read_rows(self._dataset(), where, None, table=self.table_name, run_id=self.run_id,
+                             uri=self.uri, count=True))
+
+    def damage(self, deep: bool = True) -> list[DamagedFile]:
+        """The unreadable data files of the current version ([] if none): :func:`scan_damage`
+        (``deep=False`` only opens each file: cheap, but misses damage inside its pages)."""
+        return scan_damage(self._dataset(), deep=deep)
+
+    def check_intact(self, deep: bool = True) -> None:
+        """Raise :class:`DamagedTable` if :meth:`damage` finds unreadable files."""
+        found = self.damage(deep=deep)
+        if found:
+            raise DamagedTable(self.table_name, self.run_id, self.version, found, self.uri)
 
     def compact(self) -> None:
         """Merge the small per-append fragments, add the new rows to every index, and drop

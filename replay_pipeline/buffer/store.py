@@ -78,7 +78,7 @@ class RolloutStore(LanceTable):
 
     # ------------------------------------------------------------------ writing
     def append(self, table_or_rows: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]],
-               known_new: bool = False) -> int:
+               known_new: bool = False, seq_start: int | None = None) -> int:
         """Append rollouts; returns the number of rows actually inserted.
 
         ``table_or_rows`` is a pyarrow Table in :data:`ROLLOUT_SCHEMA` without ``seq`` (or with
@@ -93,12 +93,35 @@ class RolloutStore(LanceTable):
 
         ``known_new=True`` skips the idempotency lookup: only for a first attempt whose ids the
         caller knows are not stored (the sync loop's fresh steps); a retry must leave it False.
-        """
-        return self._append(table_or_rows, known_new=known_new)
 
-    def _assign(self, data: pa.Table, start: int | None = None) -> pa.Table:
-        start = self.count() if start is None else int(start)
-        seq = pa.array(np.arange(start, start + data.num_rows, dtype=np.int64))
+        ``seq_start``: the ``seq`` the batch's first row has, when the batch is one already
+        numbered (a resume's replayed step): a row missing from the table (lost with a damaged
+        file, see :mod:`~replay_pipeline.buffer.repair`) is stored again with its own ``seq``,
+        ``seq_start`` + its position in the batch, not at the end; refused if that ``seq`` is
+        held by another row.
+        """
+        self._seq_start = seq_start
+        try:
+            return self._append(table_or_rows, known_new=known_new)
+        finally:
+            self._seq_start = None
+
+    _seq_start: int | None = None
+
+    def _assign(self, data: pa.Table, start: int | None = None, positions: np.ndarray | None = None) -> pa.Table:
+        if self._seq_start is not None:  # refilling a numbered batch: each row's own seq
+            at = np.arange(data.num_rows) if positions is None else positions
+            seq = pa.array(int(self._seq_start) + at.astype(np.int64))
+            clash = pa.concat_tables([self._query(flt, ["seq"]) for flt in int_filter("seq", seq.to_numpy())])
+            clash = pc.filter(clash.column("seq"), pc.is_in(clash.column("seq"), value_set=seq))
+            if len(clash):
+                raise StoreError(
+                    f"cannot store the rows of {self.table_name!r} again at seq {self._seq_start}+: seq "
+                    f"{sorted(set(clash.to_pylist()))[:5]} is held by other rows (the table was changed "
+                    "since those rows were numbered); nothing was written")
+        else:
+            start = self.count() if start is None else int(start)
+            seq = pa.array(np.arange(start, start + data.num_rows, dtype=np.int64))
         return data.set_column(ROLLOUT_SCHEMA.get_field_index("seq"), ROLLOUT_SCHEMA.field("seq"), seq)
 
     # ------------------------------------------------------------------ the buffer
@@ -224,6 +247,12 @@ class RolloutStore(LanceTable):
         where = None if worker is None else f"worker = {int(worker)}"
         steps = self._query(where, ["step"]).column("step")
         return int(pc.max(steps).as_py()) if len(steps) else -1
+
+    def max_seq(self) -> int:
+        """The largest ``seq`` stored (-1 for an empty table); ``count() - 1`` unless rows were
+        lost (a repaired table) or racing writers shared a seq."""
+        seqs = self._query(None, ["seq"]).column("seq")
+        return int(pc.max(seqs).as_py()) if len(seqs) else -1
 
     def seq_end(self, step: int) -> int:
         """One past the largest ``seq`` of the rows of generation steps ``<= step``: the

@@ -81,7 +81,10 @@ class RunTables:
         stopped process stored them). Returns the rows added (the caller then compacts when
         due: `compact_if_due`)."""
         self.writes.wait()
-        retry_storage(lambda attempt: self.store.append(table))
+        # The step's rows were numbered from the rows of the steps before it: a row a repair
+        # lost (replay_pipeline/buffer/repair.py) goes back to its own seq, not to the end.
+        start = self.store.seq_end(step - 1) if step > 0 else 0
+        retry_storage(lambda attempt: self.store.append(table, seq_start=start))
         stored = self.store.last_appended
         faults.crash_point("after_append", step)
         self._mirror(stored)

@@ -3,6 +3,8 @@ continues, what its checkpoints hold, and its record `<run_dir>/run.json`.
 
 - `start_point`: the verified checkpoint a resume or fork starts from (or step 0);
 - `open_tables`: a new run's tables, a resume's own, or a fork's shallow clones at the tag;
+- `check_resume_tables`: a resume's tables can continue the run: no damaged file (else the
+  repair command), no row lost before the checkpoint (else the fork to take);
 - `open_tracker`: a new MLflow run tagged with the lineage, or the resumed one;
 - `checkpoint_state` / `restore`: what a checkpoint's state.json holds for a bit-for-bit
   resume, and loading it back into a freshly built run;
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from replay_pipeline.buffer import RolloutStore
-from replay_pipeline.buffer.lance_table import sql_str
+from replay_pipeline.buffer.lance_table import StoreError, sql_str
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoint_step, latest_valid,
                                          list_checkpoints, load_optimizer_state, read_state, remove_partial,
@@ -130,6 +132,70 @@ def open_tables(uri: str, mode: str, run_id: str, lineage: dict[str, Any],
                                 drop_where=f"{mine} AND learner_step >= {int(lineage['learner_steps'])}", **opts)
         return store, usage
     return RolloutStore.open(uri, run_id, **opts), UsageStore.open(uri, run_id, **opts)
+
+
+def check_resume_tables(store: RolloutStore, usage: UsageStore, state: dict[str, Any], async_loop: bool,
+                        checkpoints: Path, log: Callable[[str], Any] = print, deep: bool = False) -> None:
+    """Refuse (StoreError) a resume from the checkpoint whose `state` is given when its tables
+    cannot continue the run exactly; run before the MLflow run is touched.
+
+    * A damaged table (`DamagedTable`, with the repair command): every file must exist and
+      open (`LanceTable.check_intact(deep=False)`: one small read a file) and, with `deep`
+      (the CLI's check before Prefect starts, check_start_point), every page must decode (a
+      full read of both tables: 11 ms for 40k small rollouts, 2.3 MB, on this 2-core
+      machine). Without `deep` (build_run, after that check), damage inside a file's pages is
+      found by the first read that meets it, which fails the run FAILED with the same message.
+    * Rows a repair lost (replay_pipeline/buffer/repair.py): the rollouts numbered before the
+      checkpoint (seq < its window end) and the usage records of its learner steps must all
+      be stored, since the resumed run's first window and reuse counts are read from them;
+      otherwise the resume is refused, naming the newest checkpoint whose rows are all stored
+      (fork from it) if there is one. Rows lost after the checkpoint are generated again: the
+      sync loop replays each step after it, deterministically, and stores a missing row back
+      at its own seq. The async loop replays nothing, so there every seq must be stored.
+    """
+    for table in (store, usage):
+        table.check_intact(deep=deep)
+    holes = _lost_before(store, usage, state)
+    if not holes and async_loop:
+        n, top = store.count(), store.max_seq()
+        holes = [f"{top + 1 - n} rollouts (seq below {top + 1})"] if top + 1 > n else []
+    if holes:
+        fork = next((c for c in reversed(list_checkpoints(checkpoints)) if checkpoint_step(c) < int(state["step"])
+                     and not _lost_before(store, usage, _state_or_none(c) or {"step": -1})), None)
+        advice = (f"fork it from the checkpoint at step {checkpoint_step(fork)}, whose rows are all stored: "
+                  f"python -m flows.train fork={store.run_id}@{checkpoint_step(fork)}" if fork is not None else
+                  "no earlier checkpoint of the run has all its rows either: start a new run")
+        raise StoreError(
+            f"cannot resume {store.run_id} from step {state['step']} exactly: {' and '.join(holes)} it read "
+            f"when it stopped are no longer stored (lost with damaged files: `python -m flows.query repair "
+            f"{store.run_id}` said which), so its window and reuse counts would differ; {advice}")
+    lost = store.max_seq() + 1 - store.count()
+    if lost > 0:
+        log(f"{lost} rollouts lost after the checkpoint at step {state['step']} will be generated again")
+
+
+def _state_or_none(path: Path) -> dict[str, Any] | None:
+    try:
+        return read_state(path)
+    except CheckpointError:
+        return None
+
+
+def _lost_before(store: RolloutStore, usage: UsageStore, state: dict[str, Any]) -> list[str]:
+    """What of the rows the checkpoint's step read is no longer stored (empty: all of it)."""
+    if int(state.get("step", -1)) < 0:
+        return ["the checkpoint"]
+    out = []
+    end = int(state.get("sampler", {}).get("window_end", 0))
+    held = store.count_where(f"seq < {end}") if end else 0
+    if held < end:
+        out.append(f"{end - held} rollouts (seq below {end})")
+    if "usage_version" in state:
+        had = int(usage.table.to_lance().checkout_version(int(state["usage_version"])).count_rows())
+        now = usage.count_before(int(state["learner_steps"]))
+        if now < had:
+            out.append(f"{had - now} usage records (learner steps below {state['learner_steps']})")
+    return out
 
 
 def open_tracker(cfg: Any, mode: str, paths: RunPaths, store: RolloutStore, usage: UsageStore,
