@@ -59,7 +59,7 @@ from typing import Any
 import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
 from prefect import flow
 
-from replay_pipeline.config import ConfigError
+from replay_pipeline.config import ConfigError, config_dir_override
 from replay_pipeline.resume import resolve_config
 from replay_pipeline.runs import RunPaths, ensure_writable
 
@@ -485,9 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mu", type=float, default=5.28, help="mu of the report's projected compute")
     parser.add_argument("--no-report", action="store_true", help="do not build the report at the end")
     parser.add_argument("--name", default="sweep")
+    parser.add_argument("--config-dir", action="append", default=None, metavar="DIR",
+                        help="a directory of your own presets (DIR/<group>/<option>.yaml), for every child (repeat)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every child (loop.steps=100 ...)")
     args = parser.parse_args(argv)
     try:
+        if args.config_dir is not None:
+            args.overrides = [config_dir_override(*args.config_dir), *args.overrides]
         configs, seeds, overrides, factors = settle(args.grid, dict(args.config) if args.config else None,
                                                     args.seeds, args.overrides, args.lr_factors)
         protocol(seeds, args.selection_seeds, args.grid, bool(args.config))

@@ -7,6 +7,7 @@
     python -m flows.train resume=<run_id> [loop.steps=N]   # continue from the newest checkpoint
     python -m flows.train fork=<run_id>@<step> algo.lr=1e-4  # a new run from a checkpoint
     python -m flows.train resume=last                      # the newest run under tracking.root_dir
+    python -m flows.train --config-dir ~/presets task=mine # your presets: DIR/<group>/<option>.yaml
 
 The first line printed is the run id and the resume command. One process drives a run
 (replay_pipeline/lease.py): a second `train` or `resume=` on a live run is refused before any
@@ -42,9 +43,13 @@ if __name__ == "__main__":  # answer --help and configuration errors before Pref
     _ANSWERED_EARLY = list(sys.argv[1:])  # main() need not compose the command line a second time
 
 import functools
+import logging
+import os
 import shutil
 import signal
 import time
+import traceback
+from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
@@ -73,7 +78,7 @@ from replay_pipeline.run.preflight import check_start_point, preflight
 from replay_pipeline.run.workers import run_worker_process
 from replay_pipeline.runs import RunPaths
 from flows.prefect_server import temporary_server
-from flows.usage import answer_early, say
+from flows.usage import answer_early, command_line, say
 from flows.progress import Progress, quiet_prefect_task_logs, summary_text
 
 _task = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -184,6 +189,62 @@ def resume_hint(run_id: str) -> str:
     return f"resume with: python -m flows.train resume={run_id}"
 
 
+class _NoTracebacksOnTheConsole(logging.Filter):
+    """Prefect's console lines without the tracebacks of failed task and flow runs: a failure
+    ends in one line naming the error and the file that holds its traceback (`_failed`). The
+    Prefect API (the UI) still receives the full records: its handlers sit on Prefect's own
+    loggers and run before the record reaches the console handler on the root logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.name.startswith("prefect"):
+            record.exc_info = record.exc_text = None  # the line stays, its traceback goes
+        return True
+
+
+def _quiet_console_tracebacks() -> None:
+    for handler in logging.getLogger().handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler" and not any(
+                isinstance(f, _NoTracebacksOnTheConsole) for f in handler.filters):
+            handler.addFilter(_NoTracebacksOnTheConsole())
+
+
+def _failed(paths: RunPaths, exc: BaseException, where: str, tracker: Any = None) -> BaseException:
+    """An unexpected error: its traceback appended to <run_dir>/errors.log (and the MLflow run's
+    artifacts), and the one line the CLI prints added to it as a note (`failure_line`); the
+    error itself is raised on, so the flow run FAILS with it and a caller of the flow gets it."""
+    text = "".join(traceback.format_exception(exc))
+    log = paths.run_dir / "errors.log"
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as out:
+            out.write(f"--- {stamp} run {paths.run_id}, {where} (pid {os.getpid()})\n{text}\n")
+        shown = str(log)
+    except OSError as write_error:  # a full disk: the traceback goes to the console after all
+        shown = f"(not written: {write_error})\n{text}"
+    if tracker is not None:
+        try:
+            tracker.log_text(text, "errors.log")
+        except Exception:  # noqa: BLE001 - the tracking store may be what failed
+            pass
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if len(message) > 300:
+        message = message[:297] + "..."
+    exc.add_note(f"{FAILURE}run {paths.run_id} failed {where}: {message}. The traceback is in {shown}; "
+                 f"the MLflow run is FAILED; {resume_hint(paths.run_id)} once the cause is fixed")
+    return exc
+
+
+#: The start of the note `_failed` adds.
+FAILURE = "replay-pipeline: "
+
+
+def failure_line(exc: BaseException) -> str | None:
+    """The one line `_failed` noted on an error (None if it did not see it)."""
+    notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith(FAILURE)]
+    return notes[-1][len(FAILURE):] if notes else None
+
+
 @flow(name="train")
 def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
     """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`,
@@ -195,14 +256,20 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
         cfg.run_id = run_mode(cfg)[1]  # one id for run.json's flow runs and the run itself
     with stopping.installed():  # over Prefect's own SIGTERM handler, for the flow's body
         quiet_prefect_task_logs()
+        _quiet_console_tracebacks()
         _close_stale_flow_runs(cfg)
-        run = setup_task(cfg) if stopping.requested() is None else Cancelled(message="stopped before the start")
+        try:
+            run = setup_task(cfg) if stopping.requested() is None else Cancelled(message="stopped before the start")
+        except Exception as exc:  # build_run marked the MLflow run FAILED
+            raise _failed(RunPaths.make(cfg.tracking.root_dir, cfg.resume or cfg.run_id), exc,
+                          "while it was being built")
         if isinstance(run, State):  # stopped while it was being built: nothing to finish
             return Cancelled(message=f"{run.message}; {resume_hint(cfg.resume or cfg.run_id)}")
         loop = run.settings.loop
         status = "FAILED"
         progress = Progress(run, enabled=run.settings.tracking.progress)
         stopped: stopping.RunStopped | None = None
+        failure: Exception | None = None
         try:
             evaluate_start(run, lambda version, sampled: evaluate_task(quote(run), version, sampled=sampled))
             if run.start_step >= loop.steps:
@@ -216,12 +283,17 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
         except (KeyboardInterrupt, ExternalSignal):  # a second Ctrl-C: at once
             status = "KILLED"
             raise
+        except Exception as exc:  # status stays FAILED: the MLflow run is marked so below
+            failure = exc
+            raise
         finally:
             progress.close()
             summary = run.summary(status)
             if status == "FINISHED":
                 run.log_final_model()
             run.tracker.log_dict(summary, "summary.json")
+            if failure is not None:  # before finish(): the artifact goes to the open MLflow run
+                _failed(run.paths, failure, f"at step {run.policy_version} of {loop.steps}", run.tracker)
             run.finish(status)
     if stopped is not None:
         return Cancelled(message=f"{stopped}, with {run.policy_version} of {loop.steps} steps done "
@@ -236,9 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         early = answer_early(argv)  # --help, unknown flags, configuration errors
         if early is not None:
             return early
-    show_cfg = "--cfg" in argv
-    overrides = [a for a in argv if a != "--cfg"]
     try:
+        overrides, show_cfg = command_line(argv)  # --config-dir DIR: a search-path override
         cfg = resolve_config(overrides)  # fail before Prefect, MLflow or any model is touched
         preflight(cfg)
     except (ConfigError, PermissionError, CheckpointError, StoreError) as exc:
@@ -278,7 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         if state.is_cancelled():
             print(f"{state.message} ({time.perf_counter() - start:.0f} s)", flush=True)
             return 128 + _signal_number(stopping.requested())
-        state.result()  # a failed run raises its own error here
+        try:
+            state.result()  # a failed run raises its own error here
+        except Exception as exc:
+            line = failure_line(exc)
+            if line is None:  # not seen by the flow's handlers: as it came
+                raise
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            return 1
     except stopping.RunStopped as exc:
         print(f"{exc} before the run began; {resume_hint(run_id)}", flush=True)
         return 128 + _signal_number(exc.signame)

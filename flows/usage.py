@@ -27,7 +27,8 @@ def usage() -> str:
     from replay_pipeline.config import CONF_DIR  # start-up cost: after the interpreter is up, still fast
 
     groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
-    lines = ["usage: python -m flows.train [--help] [--cfg] [key=value ...] [group=option ...]", "",
+    lines = ["usage: python -m flows.train [--help] [--cfg] [--config-dir DIR] [key=value ...] [group=option ...]",
+             "", "--config-dir DIR: your own presets, DIR/<group>/<option>.yaml, selected as group=option", "",
              "Config groups (select with group=option):"]
     for g in groups:
         options = sorted(f.stem for f in (CONF_DIR / g).glob("*.yaml"))
@@ -40,6 +41,7 @@ def usage() -> str:
               "  python -m flows.train experiment=no_buffer loop.steps=100",
               "  python -m flows.train model=hf model.path=/path/to/hf/checkpoint",
               "  python -m flows.train task=custom task.target=/path/to/my_task.py:make_task",
+              "  python -m flows.train --config-dir ~/my-presets task=mine experiment=long",
               "  python -m flows.train resume=RUN_ID loop.steps=800   # continue (and extend) a run",
               "  python -m flows.train resume=last                    # the newest run under tracking.root_dir",
               "  python -m flows.train fork=RUN_ID@100 algo.lr=1e-4   # new run from a checkpoint"]
@@ -55,21 +57,51 @@ def say(text: str, stream=None) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
+class UnknownFlags(ValueError):
+    """Flags flows.train does not take."""
+
+
+def command_line(argv: list[str]) -> tuple[list[str], bool]:
+    """(Hydra overrides, whether --cfg was given) of flows.train's arguments: `--config-dir DIR`
+    (or `--config-dir=DIR`, repeatable) becomes the one override that puts the directories on Hydra's search path
+    (replay_pipeline/config/compose.py config_dir_override; ConfigError if it is not a
+    directory). UnknownFlags for any other flag."""
+    from replay_pipeline.config import config_dir_override  # start-up cost: hydra and the schema only
+
+    overrides, folders, show_cfg, bad, rest = [], [], False, [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--cfg":
+            show_cfg = True
+        elif arg == "--config-dir" or arg.startswith("--config-dir="):
+            folder = arg.partition("=")[2] if "=" in arg else (rest.pop(0) if rest else "")
+            if not folder:
+                raise UnknownFlags("--config-dir needs a directory: --config-dir DIR")
+            folders.append(folder)
+        elif arg.startswith("-"):
+            bad.append(arg)
+        else:
+            overrides.append(arg)
+    if bad:
+        raise UnknownFlags(f"unknown flag(s) {bad}")
+    return ([config_dir_override(*folders)] if folders else []) + overrides, show_cfg
+
+
 def answer_early(argv: list[str]) -> int | None:
     """The exit code for --help (0), an unknown flag or a configuration error (2), printed
     here; None when the command line composes and the run should go on."""
     if any(a in ("-h", "--help") for a in argv):
         say(usage())
         return 0
-    bad = [a for a in argv if a.startswith("-") and a != "--cfg"]
-    if bad:
-        print(f"error: unknown flag(s) {bad}\n\n{usage()}", file=sys.stderr)
-        return 2
     from replay_pipeline.config import ConfigError  # start-up cost: hydra and the schema only
     from replay_pipeline.resume import resolve_config
 
     try:
-        resolve_config([a for a in argv if a != "--cfg"])
+        overrides, _ = command_line(argv)
+        resolve_config(overrides)
+    except UnknownFlags as exc:
+        print(f"error: {exc}\n\n{usage()}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,12 @@ A reward call that does not return within `reward.timeout` seconds (`set_reward_
 by default) is flagged "reward timed out after N s": it runs on a daemon worker thread, which
 is abandoned (Python cannot stop a thread) and replaced. A training batch whose flagged share
 is above `reward.max_flagged_fraction` raises :class:`RewardFailure` before it is stored.
+
+A task with a ``reward_batch(prompts, completions, finish_reasons)`` method is scored by one
+call a batch (:func:`safe_batch`, guarded alike). In training the reward may be shaped by
+weighted terms (`reward.terms`, :class:`RewardTerm`, :func:`score_items`): the stored reward is
+their weighted sum with the verifier's, while correctness (the ``correct`` column, every
+accuracy) stays the verifier's alone.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import logging
 import math
 import queue
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -65,13 +73,14 @@ def set_reward_timeout(seconds: float | None) -> None:
     _timeout = None if seconds is None else float(seconds)
 
 
-def _run_batch(calls: Sequence[Callable[[], Any]], results: queue.SimpleQueue, cancelled: threading.Event) -> None:
-    """Worker thread: each call in order, its (ok, value) put on `results`, until cancelled."""
+def _run_batch(calls: Sequence[Callable[[], Any]], results: queue.SimpleQueue, cancelled: threading.Event,
+               convert: Callable[[Any], Any]) -> None:
+    """Worker thread: each call in order, its (ok, converted value) put on `results`, until cancelled."""
     for fn in calls:
         if cancelled.is_set():
             return
         try:
-            results.put((True, float(fn())))
+            results.put((True, convert(fn())))
         except BaseException as exc:  # noqa: BLE001 - handed back to the caller
             results.put((False, exc))
 
@@ -87,38 +96,74 @@ def _judged(ok: bool, value: Any) -> tuple[float, str | None]:
     return value, None
 
 
-def safe_rewards(calls: Sequence[Callable[[], float]], timeout: float | None | str = "default"
-                 ) -> list[tuple[float, str | None]]:
-    """:func:`safe_reward` for a batch of calls, in order. With a timeout they run one after
-    the other on one daemon thread per batch (one hand-off for the batch, not one per call:
-    about 50 us a call otherwise); the caller waits at most `timeout` for each result, so a
-    call that hangs is flagged, its thread abandoned, and the calls after it run on a fresh one."""
-    timeout = _timeout if timeout == "default" else timeout
+def _outcomes(calls: Sequence[Callable[[], Any]], timeout: float | None, convert: Callable[[Any], Any] = float
+              ) -> list[tuple[bool | None, Any]]:
+    """(True, converted value), (False, exception) or (None, None) for a call that timed out,
+    for each call in order. With a timeout they run one after the other on one daemon thread
+    per batch (one hand-off for the batch, not one per call: about 50 us a call otherwise);
+    the caller waits at most `timeout` for each result, so a call that hangs is given up, its
+    thread abandoned, and the calls after it run on a fresh one."""
     if timeout is None:
         out = []
         for fn in calls:
             try:
-                out.append(_judged(True, float(fn())))
+                out.append((True, convert(fn())))
             except Exception as exc:  # noqa: BLE001 - any verifier failure is flagged, not fatal
-                out.append(_judged(False, exc))
+                out.append((False, exc))
         return out
     out, pending = [], list(calls)
     while pending:
         results: queue.SimpleQueue = queue.SimpleQueue()
         cancelled = threading.Event()
-        threading.Thread(target=_run_batch, args=(pending, results, cancelled), name="reward-calls",
+        threading.Thread(target=_run_batch, args=(pending, results, cancelled, convert), name="reward-calls",
                          daemon=True).start()
         for i in range(len(pending)):
             try:
-                ok, value = results.get(timeout=timeout)
+                out.append(results.get(timeout=timeout))
             except queue.Empty:
                 cancelled.set()  # stuck in call i: the rest go to a fresh thread
-                out.append((0.0, f"reward timed out after {timeout:g} s"))
+                out.append((None, None))
                 pending = pending[i + 1:]
                 break
-            out.append(_judged(ok, value))
         else:
             pending = []
+    return out
+
+
+def _timed_out(seconds: float) -> str:
+    return f"reward timed out after {seconds:g} s"
+
+
+def safe_rewards(calls: Sequence[Callable[[], float]], timeout: float | None | str = "default"
+                 ) -> list[tuple[float, str | None]]:
+    """:func:`safe_reward` for a batch of calls, in order, each given at most `timeout`
+    (:func:`_outcomes`)."""
+    timeout = _timeout if timeout == "default" else timeout
+    return [(0.0, _timed_out(timeout)) if ok is None else _judged(ok, value)
+            for ok, value in _outcomes(calls, timeout)]
+
+
+def safe_batch(fn: Callable[[], Sequence[Any]], n: int, timeout: float | None | str = "default"
+               ) -> list[tuple[float, str | None]]:
+    """One call that scores `n` completions at once (a task's optional ``reward_batch``): a
+    (value, reason) for each, judged like :func:`safe_reward`'s one by one. The call may take
+    `timeout` seconds a completion; if it raises, times out or returns other than `n` values,
+    every completion is flagged with that reason."""
+    timeout = _timeout if timeout == "default" else timeout
+    limit = None if timeout is None else timeout * max(n, 1)
+    ((ok, value),) = _outcomes([fn], limit, convert=list)
+    if ok is None:
+        return [(0.0, _timed_out(limit))] * n
+    if not ok:
+        return [_judged(False, value)] * n
+    if len(value) != n:
+        return [(0.0, f"reward_batch returned {len(value)} values for {n} completions")] * n
+    out = []
+    for v in value:
+        try:
+            out.append(_judged(True, float(v)))
+        except (TypeError, ValueError) as exc:
+            out.append(_judged(False, exc))
     return out
 
 
@@ -148,8 +193,63 @@ def check_flagged(step: int, errors: Sequence[str | None], max_fraction: float) 
 
 
 def rewards_of(task: Any, items: Sequence[tuple[Any, str, str]]) -> list[tuple[float, str | None]]:
-    """The task's rewards for (prompt, completion, finish_reason) items, through :func:`safe_rewards`."""
+    """The task's rewards for (prompt, completion, finish_reason) items: one
+    ``task.reward_batch(prompts, completions, finish_reasons)`` call when the task has one
+    (:func:`safe_batch`; a reward model scores a batch faster than one by one), else
+    ``task.reward`` for each (:func:`safe_rewards`)."""
+    batch = getattr(task, "reward_batch", None)
+    if callable(batch) and items:
+        prompts, texts, reasons = (list(column) for column in zip(*items))
+        return safe_batch(lambda: batch(prompts, texts, reasons), len(items))
     return safe_rewards([(lambda p=p, t=t, f=f: task.reward(p, t, f)) for p, t, f in items])
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One weighted term added to the task's verifier in training: ``fn(prompt, completion,
+    finish_reason, **args)`` -> float, its metric ``score/term/<name>``."""
+    name: str
+    weight: float
+    fn: Callable[..., float]
+    args: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A training batch's rewards: the total (``verifier_weight`` x the task's verifier plus
+    each term's weight x its value; 0 when flagged), whether the verifier judged it correct,
+    the reason it was flagged (None: scored normally), and each term's mean over the batch's
+    unflagged completions."""
+    rewards: list[float]
+    correct: list[bool]
+    errors: list[str | None]
+    term_means: dict[str, float]
+
+
+def score_items(task: Any, items: Sequence[tuple[Any, str, str]], terms: Sequence[RewardTerm] = (),
+                verifier_weight: float = 1.0) -> Scored:
+    """Score a training batch: the task's verifier (:func:`rewards_of`) and each reward term,
+    all guarded alike. A completion that any of them flags is flagged (the first reason, named
+    by its term) and scores 0 in total; ``correct`` is the verifier's judgement alone, so
+    accuracies mean the task's accuracy whatever shaping the terms add."""
+    verified = rewards_of(task, items)
+    errors = [error for _, error in verified]
+    totals = [verifier_weight * value for value, _ in verified]
+    values: dict[str, list[float]] = {}
+    for term in terms:
+        scored = safe_rewards([(lambda p=p, t=t, f=f, term=term: term.fn(p, t, f, **term.args))
+                               for p, t, f in items])
+        values[term.name] = [value for value, _ in scored]
+        for i, (value, error) in enumerate(scored):
+            if error is not None and errors[i] is None:
+                errors[i] = _cut(f"term {term.name}: {error}")
+            totals[i] += term.weight * value
+    flagged = [error is not None for error in errors]
+    means = {name: float(np.mean([v for v, bad in zip(vs, flagged) if not bad])) if not all(flagged) else 0.0
+             for name, vs in values.items()}
+    return Scored(rewards=[0.0 if bad else float(t) for t, bad in zip(totals, flagged)],
+                  correct=[not bad and value > 0 for (value, _), bad in zip(verified, flagged)],
+                  errors=errors, term_means=means)
 
 
 def warn_flagged(step: int, errors: Sequence[str | None]) -> int:

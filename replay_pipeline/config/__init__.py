@@ -4,7 +4,7 @@ composition from conf/ and the command line (compose.py), and the frozen form a 
 (settings.py). What needs I/O to check is replay_pipeline/run/preflight.py's.
 """
 
-from replay_pipeline.config.compose import flatten, load_config, register_configs, to_dataclass
+from replay_pipeline.config.compose import config_dir_override, flatten, load_config, register_configs, to_dataclass
 from replay_pipeline.config.rules import DASK_INSTALL, buffer_storage_problems, valid_dask_address, validate
 from replay_pipeline.config.schema import (CONF_DIR, GENERATOR_BACKENDS, LOOP_ENGINES, LOOP_MODES,
                                            LOSS_AGGREGATIONS, TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS,
@@ -12,7 +12,7 @@ from replay_pipeline.config.schema import (CONF_DIR, GENERATOR_BACKENDS, LOOP_EN
                                            LoopConfig, ModelConfig, RewardConfig, TaskConfig,
                                            TrackingConfig, WarmStartConfig, bounded, owned)
 
-__all__ = ["CONF_DIR", "DASK_INSTALL", "GENERATOR_BACKENDS", "LOOP_ENGINES", "LOOP_MODES", "LOSS_AGGREGATIONS",
+__all__ = ["CONF_DIR", "config_dir_override", "DASK_INSTALL", "GENERATOR_BACKENDS", "LOOP_ENGINES", "LOOP_MODES", "LOSS_AGGREGATIONS",
            "TASK_DEFAULTS", "VLLM_DTYPES", "VLLM_ONLY_FIELDS", "AlgoConfig", "BufferConfig", "Config",
            "ConfigError", "GeneratorConfig", "LoopConfig", "ModelConfig", "RewardConfig", "TaskConfig",
            "TrackingConfig",

@@ -1,12 +1,15 @@
 """Composing a configuration: Hydra merges the conf/ presets and the command line's overrides
 onto the schema (replay_pipeline/config/schema.py), then `validate` checks it
 (replay_pipeline/config/rules.py). Plus the two plain forms a configuration is written in:
-`flatten` (MLflow params) and `to_dataclass`.
+`flatten` (MLflow params) and `to_dataclass`. A user's own presets come from a directory on
+Hydra's search path (`config_dir_override`, the CLIs' `--config-dir`).
 """
 
 from __future__ import annotations
 
 import difflib
+import os
+from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -27,9 +30,26 @@ def register_configs() -> None:
     # `buffer.storage_options.k=v` must not need Hydra's `+`; every other key stays strict.
     OmegaConf.set_struct(node.buffer.storage_options, False)
     OmegaConf.set_struct(node.task.args, False)  # a custom task's factory arguments (task.args.NAME=V)
+    OmegaConf.set_struct(node.reward.terms, False)  # weighted reward terms by name (rules.py checks them)
     ConfigStore.instance().store(name="base_config", node=node)
     if not OmegaConf.has_resolver("rp.mul"):
         OmegaConf.register_new_resolver("rp.mul", lambda a, b: int(a) * int(b))
+
+
+def config_dir_override(*paths: str) -> str:
+    """The override that adds a user's config directories to Hydra's search path (`--config-dir
+    DIR` of flows.train and flows.sweep, repeatable): their presets (`DIR/buffer/big.yaml`,
+    `DIR/task/mine.yaml`, `DIR/experiment/x.yaml`) are then selected like the built-in ones
+    (`buffer=big`); the built-in conf/ comes first, so a built-in option's name keeps its
+    meaning. ConfigError when one is not a directory."""
+    folders = []
+    for path in paths:
+        folder = Path(os.path.expanduser(str(path))).resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"--config-dir {path}: no directory {folder}; give a directory of presets laid out "
+                              "like conf/ (DIR/<group>/<option>.yaml)")
+        folders.append(f"file://{folder}")
+    return f"hydra.searchpath=[{','.join(folders)}]"
 
 
 def load_config(overrides: list[str] | None = None) -> DictConfig:
@@ -52,8 +72,9 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
     return cfg
 
 
-#: Sections whose keys are free-form (an object store's options, a custom task's arguments).
-FREE_FORM = ("buffer.storage_options.", "task.args.")
+#: Sections whose keys are free-form (an object store's options, a custom task's arguments, reward
+#: terms: replay_pipeline/config/rules.py checks their shape).
+FREE_FORM = ("buffer.storage_options.", "task.args.", "reward.terms.")
 
 
 def _schema_keys() -> dict[str, Any]:

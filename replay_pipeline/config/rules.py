@@ -11,6 +11,7 @@ replay_pipeline/run/preflight.py's, which runs before any work.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -146,9 +147,13 @@ def validate(cfg: DictConfig | Config) -> None:
          f"task.name={task.name!r} is not one of {sorted(TASKS)}, or custom (your own task: task=custom "
          "task.target=package.module:factory)")
     problems.extend(_task_problems(task))
+    problems.extend(reward_term_problems(cfg.reward))
     if model.path is None and model.name != "tiny":
         problems.append(f"model={model.name} needs a checkpoint: set model.path=/path/to/hf/checkpoint "
                         "(a directory written by save_pretrained), or use model=tiny")
+    need(not (gen.chat_template and model.path is None),
+         "generator.chat_template=true needs a Hugging Face model whose tokenizer has a chat template: add "
+         "model=hf model.path=/path/to/checkpoint (the built-in model's tokenizer has none)")
     if model.path is None:
         need(model.num_heads < 1 or model.hidden_size % model.num_heads == 0,
              f"model.hidden_size={model.hidden_size} must be divisible by model.num_heads={model.num_heads}")
@@ -178,6 +183,44 @@ def validate(cfg: DictConfig | Config) -> None:
 
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+#: The keys of one reward term (reward.terms.NAME.*).
+TERM_KEYS = ("target", "weight", "args")
+
+
+def reward_term_problems(reward: Any) -> list[str]:
+    """What is wrong with reward.terms (each a mapping of target, weight, args) and
+    reward.verifier_weight; whether a target imports is the pre-flight's."""
+    terms = reward.terms
+    terms = OmegaConf.to_container(terms, resolve=True) if isinstance(terms, DictConfig) else dict(terms or {})
+    example = "+reward.terms.NAME.target=package.module:fn +reward.terms.NAME.weight=0.1"
+    problems = []
+    for name, term in terms.items():
+        key = f"reward.terms.{name}"
+        if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", str(name)) is None:
+            problems.append(f"{key}: a term's name is its metric score/term/NAME: letters, digits and '_', "
+                            "starting with a letter")
+        if not isinstance(term, dict):
+            problems.append(f"{key}={term!r} must be a mapping of {', '.join(TERM_KEYS)}, e.g. {example}")
+            continue
+        extra = sorted(set(term) - set(TERM_KEYS))
+        if extra:
+            problems.append(f"{key} has unknown key(s) {extra}; a term has {', '.join(TERM_KEYS)}")
+        target = term.get("target")
+        if not isinstance(target, str) or ":" not in target.strip(":"):
+            problems.append(f"{key}.target={target!r}: give the reward function as package.module:fn "
+                            f"or /path/to/file.py:fn, e.g. {example}")
+        weight = term.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            problems.append(f"{key}.weight={weight!r} must be a finite number (default 1)")
+        if not isinstance(term.get("args", {}), dict):
+            problems.append(f"{key}.args={term.get('args')!r} must be a mapping of keyword arguments "
+                            f"({key}.args.NAME=VALUE)")
+    if not terms and reward.verifier_weight == 0:
+        problems.append("reward.verifier_weight=0 with no reward.terms makes every reward 0; keep it at 1, "
+                        f"or add terms ({example})")
+    return problems
 
 
 def _engine_problems(loop: Any) -> list[str]:

@@ -143,6 +143,12 @@ class GeneratorConfig:
     """Generation backend: `transformers` (CPU or GPU, in the learner's process) or `vllm`
     (`generator=vllm`: a vLLM engine on a CUDA GPU, needs the `vllm` extra;
     replay_pipeline/generation/vllm_backend.py)."""
+    chat_template: bool = False
+    """Feed each prompt as one user message through the tokenizer's chat template (the
+    assistant's turn opened), for instruction-tuned Hugging Face models; the template's own
+    special tokens replace the tokenizer's BOS. The rollouts' `prompt` column keeps the task's
+    text, `prompt_ids` what the model saw. Needs model.path with a tokenizer that has a chat
+    template (checked before the run starts)."""
     temperature: float = bounded(1.0, gt=0)
     """Sampling temperature for training rollouts. Behaviour log-probs are those of
     softmax(logits / temperature), and the learner uses the same temperature."""
@@ -379,6 +385,15 @@ class RewardConfig:
     """A training batch with a larger share of flagged rollouts (raised, not a number, timed
     out) stops the run before the batch is stored, naming the first reason: that is a broken
     reward, not bad completions (1: never stop)."""
+    verifier_weight: float = bounded(1.0, ge=0, finite=True)
+    """Weight of the task's own verifier in the training reward (with reward.terms; 1 alone)."""
+    terms: Dict[str, Any] = field(default_factory=dict)
+    """Weighted reward terms added to the verifier in training, by name:
+    `+reward.terms.NAME.target=package.module:fn` (or /path/file.py:fn), `.weight` (default 1),
+    `.args` (keyword arguments of each call). `fn(prompt, completion, finish_reason, **args)`
+    returns a number; the training reward is verifier_weight x verifier + the sum of weight x
+    term, each term's batch mean logged as score/term/NAME. Correctness (score/accuracy, every
+    evaluation) stays the verifier's alone. Guarded like the verifier (replay_pipeline/scoring.py)."""
 
 
 @dataclass

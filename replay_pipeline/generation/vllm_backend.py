@@ -103,7 +103,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from replay_pipeline.generation.base import Sample, call_settings, check_positions
+from replay_pipeline.generation.base import Sample, call_settings, check_positions, encode_prompts
 from replay_pipeline.learner import collate
 
 log = logging.getLogger(__name__)
@@ -224,8 +224,9 @@ class VLLMGenerator:
     def __init__(self, engine, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 6, batch_size: int = 256, max_positions: int | None = None,
                  scorer=None, sleep_mode: bool = False, sampling_params_cls=None,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, chat_template: bool = False):
         self.engine = engine
+        self.chat_template = chat_template
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
@@ -282,7 +283,8 @@ class VLLMGenerator:
                    max_new_tokens=gen_cfg.max_new_tokens, batch_size=gen_cfg.batch_size,
                    max_positions=_max_positions(path, getattr(gen_cfg, "max_model_len", None)),
                    scorer=scorer, sleep_mode=bool(getattr(gen_cfg, "enable_sleep_mode", False)),
-                   sampling_params_cls=vllm.SamplingParams, prefix_caching=prefix_caching)
+                   sampling_params_cls=vllm.SamplingParams, prefix_caching=prefix_caching,
+                   chat_template=bool(getattr(gen_cfg, "chat_template", False)))
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -313,7 +315,7 @@ class VLLMGenerator:
             raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for argmax decoding)")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p={top_p} must be in (0, 1]")
-        encoded = [self.tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+        encoded = encode_prompts(self.tokenizer, prompts, self.chat_template)
         self._check_positions(prompts, encoded, max_new)
         if n <= 0 or not encoded:
             return [[] for _ in encoded]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,8 @@ from replay_pipeline import faults
 from replay_pipeline.buffer.schema import columns_to_table, group_rollout_ids
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, make_usage_ids
 from replay_pipeline.generation.base import Sample
-from replay_pipeline.scoring import check_flagged, group_advantages, rewards_of, warn_flagged
+from replay_pipeline.scoring import RewardTerm, check_flagged, group_advantages, score_items, warn_flagged
+from replay_pipeline.tasks.custom import load_target
 from replay_pipeline.tasks.base import Prompt
 
 # Columns the learner needs from a stored rollout (a window read never loads the text).
@@ -75,15 +77,28 @@ def generate_batch(task, generator, cfg: Any, step: int, worker: int | None = No
                           temperature=float(cfg.generator.temperature), top_p=float(cfg.generator.top_p))
 
 
+def reward_terms(reward_cfg: Any) -> tuple[list[RewardTerm], float]:
+    """The weighted reward terms of a config's `reward` section (`reward.terms.NAME.target`,
+    `.weight`, `.args`), their functions imported, and the verifier's weight."""
+    terms = [RewardTerm(name=str(name), weight=float(term.get("weight", 1.0)),
+                        fn=load_target(str(term["target"]), key=f"reward.terms.{name}.target"),
+                        args=dict(term.get("args") or {}))
+             for name, term in sorted(dict(reward_cfg.get("terms") or {}).items())]
+    return terms, float(reward_cfg.get("verifier_weight", 1.0))
+
+
 def score_batch(task, batch: GeneratedBatch, run_id: str, g: int, worker: int | None = None,
-                max_flagged_fraction: float = 1.0) -> tuple[pa.Table, dict[str, float]]:
-    """Reward every completion with the task's verifier, freeze group advantages, and lay the
-    rollouts out as rows of the rollout table (see TrainingRun.score). RewardFailure, before
-    anything is stored, when more than `max_flagged_fraction` of them were flagged."""
+                max_flagged_fraction: float = 1.0, terms: Sequence[RewardTerm] = (),
+                verifier_weight: float = 1.0) -> tuple[pa.Table, dict[str, float]]:
+    """Reward every completion (the task's verifier, plus the weighted `terms` if any; see
+    replay_pipeline/scoring.py score_items), freeze group advantages, and lay the rollouts out
+    as rows of the rollout table (see TrainingRun.score). RewardFailure, before anything is
+    stored, when more than `max_flagged_fraction` of them were flagged."""
     start = time.perf_counter()
-    scored = rewards_of(task, [(prompt, s.text, s.finish_reason)
-                               for prompt, group in zip(batch.prompts, batch.samples) for s in group])
-    rewards, errors = [value for value, _ in scored], [error for _, error in scored]
+    scored = score_items(task, [(prompt, s.text, s.finish_reason)
+                                for prompt, group in zip(batch.prompts, batch.samples) for s in group],
+                         terms, verifier_weight)
+    rewards, errors = scored.rewards, scored.errors
     reward_seconds = time.perf_counter() - start
     flagged = warn_flagged(batch.step, errors)
     check_flagged(batch.step, errors, max_flagged_fraction)
@@ -103,7 +118,7 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int, worker: int | 
         "prompt": [batch.prompts[gi].text for gi in g_index], "completion": [s.text for s in samples],
         "prompt_ids": [s.prompt_ids for s in samples], "completion_ids": [s.completion_ids for s in samples],
         "behaviour_logprobs": [s.logprobs for s in samples], "reward": rewards, "reward_error": errors,
-        "correct": [r > 0 for r in rewards], "advantage": np.asarray(advantages, dtype=np.float64),
+        "correct": scored.correct, "advantage": np.asarray(advantages, dtype=np.float64),
         "group_reward_mean": group_means[g_index], "finish_reason": [s.finish_reason for s in samples],
         "num_tokens": [len(s.completion_ids) for s in samples], "seed": batch.seed,
         "temperature": batch.temperature, "top_p": batch.top_p, "created_at": datetime.now(timezone.utc),
@@ -114,7 +129,7 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int, worker: int | 
     metrics = {
         "score/reward_mean": float(r.mean()),
         "score/reward_std": float(r.std()),
-        "score/accuracy": float((r > 0).mean()),
+        "score/accuracy": float(np.mean(scored.correct)),
         "score/zero_signal_group_frac": float((groups.std(axis=1) == 0).mean()),
         "score/flagged": float(flagged),
         "score/seconds": time.perf_counter() - start,
@@ -129,6 +144,8 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int, worker: int | 
         "generate/policy_version": float(batch.policy_version),
         "generate/reused_from_store": float(batch.reused),
     }
+    if terms:  # score/accuracy is the verifier's, score/reward_mean the weighted total
+        metrics.update({f"score/term/{name}": mean for name, mean in scored.term_means.items()})
     return table, metrics
 
 

@@ -29,10 +29,10 @@ from replay_pipeline.lease import acquire
 from replay_pipeline.models.device import auto_threads, resolve_device
 from replay_pipeline.models.policy import load_policy
 from replay_pipeline.run.accounting import Accounting
-from replay_pipeline.run.batches import LEARN_COLUMNS, quiet_transformers
+from replay_pipeline.run.batches import LEARN_COLUMNS, quiet_transformers, reward_terms
 from replay_pipeline.run.files import AsyncDir
-from replay_pipeline.run.lineage import (RUN_INFO, note_end, open_tables, open_tracker, restore, start_point,
-                                        write_run_info)
+from replay_pipeline.run.lineage import (RUN_INFO, check_resume_tables, note_end, open_tables, open_tracker,
+                                        restore, start_point, write_run_info)
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import preflight
 from replay_pipeline.run.replay import ReplaySampler
@@ -57,9 +57,12 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
               tracker: MlflowTracker | NullTracker | None = None) -> TrainingRun:
     """A run ready for its first round (see the module docstring)."""
     preflight(cfg)
-    if cfg.task.get("target"):  # a file target recorded absolute: workers elsewhere, a resume from elsewhere
-        cfg = cfg.copy()
-        cfg.task.target = absolute_target(cfg.task.target)
+    if cfg.task.get("target") or cfg.reward.terms:  # file targets recorded absolute: workers elsewhere,
+        cfg = cfg.copy()                              # a resume from elsewhere
+        if cfg.task.get("target"):
+            cfg.task.target = absolute_target(cfg.task.target)
+        for term in cfg.reward.terms.values():
+            term.target = absolute_target(term.target)
     if not cfg.model.torch_threads:  # auto: chosen once, and recorded in config.yaml as chosen
         cfg = cfg.copy()
         cfg.model.torch_threads, why = auto_threads()
@@ -79,6 +82,9 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
         (paths.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
         uri = settings.buffer.uri or str(paths.lancedb)
         store, usage = open_tables(uri, mode, run_id, lineage, dict(settings.buffer.storage_options or {}))
+        if mode == "resume" and start is not None and not lineage.get("fork_restart"):
+            # before the MLflow run is set RUNNING again: a damaged table or lost rows refuse here
+            check_resume_tables(store, usage, start[1], settings.async_loop, paths.checkpoints, log=log)
         if tracker is None:
             tracker = opened = open_tracker(settings, mode, paths, store, usage, uri, lineage)
         start_step = int(start[1]["step"]) if start is not None else 0
@@ -108,6 +114,7 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
     torch.manual_seed(settings.seed)
 
     task = task_from_config(settings.container()["task"], TASK_DEFAULTS)
+    terms, _ = reward_terms(settings.container()["reward"])
     model, tokenizer, policy_info = load_policy(settings, task, paths, log=log)
     model.to(resolve_device(settings.model.device))  # the learner's device; a transformers generator copies it there
     # By generator.backend; a vLLM engine loads the checkpoint directory the policy came from.
@@ -138,7 +145,7 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
                       sampler=ReplaySampler(tables, b, settings.loop, settings.seed, settings.window_size,
                                             settings.sampling_rules),
                       heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage,
-                      policy_version=policy_version, start_step=start_step, history=history)
+                      policy_version=policy_version, start_step=start_step, history=history, reward_terms=terms)
     if settings.async_loop:
         _start_async(run, mode)
     else:

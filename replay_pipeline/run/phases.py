@@ -86,6 +86,8 @@ class TrainingRun:
     """Async loop: the STOP flag and the generator workers' stats."""
     lease: Any = None
     """The run lease this process holds (replay_pipeline/lease.py), given back by `finish`."""
+    reward_terms: list[Any] = field(default_factory=list)
+    """The weighted reward terms added to the verifier in training (reward.terms; scoring.RewardTerm)."""
 
     @property
     def run_id(self) -> str:
@@ -156,7 +158,8 @@ class TrainingRun:
         the reason goes to the row's `reward_error` (null otherwise), the count to
         `score/flagged`, and one warning per step to the `replay_pipeline.scoring` logger."""
         table, metrics = score_batch(self.task, batch, self.run_id, self.settings.loop.group_size,
-                                     max_flagged_fraction=self.settings.reward.max_flagged_fraction)
+                                     max_flagged_fraction=self.settings.reward.max_flagged_fraction,
+                                     terms=self.reward_terms, verifier_weight=self.settings.reward.verifier_weight)
         tokens = float(metrics["generate/tokens"])
         if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
             self.ledger.add(gen_tokens=tokens)

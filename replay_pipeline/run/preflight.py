@@ -6,9 +6,10 @@ override that fixes it (flows.train turns it into exit code 2 before Prefect sta
 deployed run fails in its first task, before any model is built):
 
 - the run root can be written (`tracking.root_dir`);
-- `model.path` is a Hugging Face checkpoint directory with weights and a tokenizer; the math
+- `model.path` is a Hugging Face checkpoint directory with weights and a tokenizer that loads
+  and fits the model's vocabulary (with generator.chat_template, one that has a template); the math
   task's data files exist and read (fields, UTF-8, enough rows); a custom task's target
-  imports;
+  and every reward term's function (reward.terms) import;
 - a new run's `run_id` is not a run that exists; the root has room for the planned run
   (`planned_bytes`, a generous estimate);
 - an MLflow tracking server (`tracking.mlflow_uri` over http) and a Prefect API
@@ -19,13 +20,16 @@ deployed run fails in its first task, before any model is built):
 - an object-store `buffer.uri` answers (one LIST request); a `loop.dask_address` scheduler
   answers (TCP, then Dask's handshake).
 
-`check_start_point` finds and verifies the checkpoint and tables a resume or fork needs; the
-CLI runs it too before Prefect starts (building the run does the same work again anyway).
+`check_start_point` finds and verifies the checkpoint and tables a resume or fork needs (a
+resume's tables: no damaged file, no row lost before the checkpoint,
+replay_pipeline/run/lineage.py `check_resume_tables`); the CLI runs it too before Prefect
+starts (building the run does the same work again anyway, before the MLflow run is touched).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import urllib.error
@@ -43,7 +47,7 @@ from replay_pipeline.generation import vllm_backend
 from replay_pipeline.lease import LeaseHeld, holder
 from replay_pipeline.models.device import device_problem
 from replay_pipeline.run.engines import check_dask_scheduler
-from replay_pipeline.run.lineage import start_point
+from replay_pipeline.run.lineage import check_resume_tables, start_point
 from replay_pipeline.runs import RunPaths, ensure_writable
 from replay_pipeline.tasks import CUSTOM, task_from_config
 from replay_pipeline.tasks.custom import load_target
@@ -53,8 +57,8 @@ def preflight(cfg: Any) -> None:
     """Every I/O check of the module docstring; ConfigError (or PermissionError for an
     unwritable root) listing what to fix."""
     ensure_writable(cfg.tracking.root_dir)
-    problems = [*_model_problems(cfg.model), *_task_problems(cfg.task), *_run_id_problems(cfg),
-                *_server_problems(cfg), *_disk_problems(cfg)]
+    problems = [*_model_problems(cfg.model), *_chat_template_problems(cfg), *_task_problems(cfg.task),
+                *_term_problems(cfg.reward), *_run_id_problems(cfg), *_server_problems(cfg), *_disk_problems(cfg)]
     device = device_problem(cfg.model.device)
     if device:
         problems.append(device)
@@ -89,7 +93,51 @@ def _model_problems(model: Any) -> list[str]:
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         problems.append(f"model.path={model.path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
                         "save it beside the model with tokenizer.save_pretrained(dir)")
-    return problems
+    return problems or _vocabulary_problems(model.path, path)
+
+
+def _vocabulary_problems(shown: Any, path: Path) -> list[str]:
+    """The tokenizer's ids must fit the model's embedding (config.json vocab_size): a token id
+    past it fails deep inside the first forward pass with an index error."""
+    from replay_pipeline.models.loading import load_tokenizer  # start-up cost: transformers' tokenizers
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return [f"model.path={shown}: config.json does not read as JSON ({exc}); write it again with "
+                "model.save_pretrained(dir)"]
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    try:
+        tokenizer = load_tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 - whatever the tokenizer files hold, said in one line
+        return [f"model.path={shown}: its tokenizer does not load ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]}); save it again with tokenizer.save_pretrained(dir)"]
+    if isinstance(size, int) and len(tokenizer) > size:
+        return [f"model.path={shown}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+                f"{size} rows (config.json vocab_size), so token ids {size}..{len(tokenizer) - 1} would index past "
+                "it; save the tokenizer the model was trained with, or resize the embedding "
+                "(model.resize_token_embeddings(len(tokenizer)); model.save_pretrained(dir))"]
+    return []
+
+
+def _chat_template_problems(cfg: Any) -> list[str]:
+    """generator.chat_template=true: the model directory's tokenizer has a chat template (in
+    tokenizer_config.json, or a chat_template.jinja / chat_template.json beside it)."""
+    if not getattr(cfg.generator, "chat_template", False) or cfg.model.path is None:
+        return []
+    path = Path(os.path.expanduser(str(cfg.model.path)))
+    if any((path / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return []
+    try:
+        held = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError):
+        held = None
+    if held:
+        return []
+    return [f"generator.chat_template=true, but the tokenizer in model.path={cfg.model.path} has no chat template "
+            "(none in tokenizer_config.json, no chat_template.jinja); use an instruction-tuned model's "
+            "directory, save one with tokenizer.chat_template = ...; tokenizer.save_pretrained(dir), or set "
+            "generator.chat_template=false"]
 
 
 #: Files of which a Hugging Face tokenizer directory holds at least one.
@@ -190,6 +238,17 @@ def _task_problems(task: Any) -> list[str]:
     return problems
 
 
+def _term_problems(reward: Any) -> list[str]:
+    """Each reward term's function imports here (a resume whose module is gone is refused too)."""
+    problems = []
+    for name, term in (reward.terms or {}).items():
+        try:
+            load_target(term.target, key=f"reward.terms.{name}.target")
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def _probe_buffer_storage(buf: Any) -> None:
     """An object-store buffer.uri must be reachable before any work starts (bucket, endpoint,
     credentials); one LIST request (replay_pipeline.buffer.lance_table.check_storage)."""
@@ -207,11 +266,14 @@ def check_start_point(cfg: Any, log: Callable[[str], Any] = print) -> None:
     open (a missing table or a schema mismatch is refused, the table left untouched)."""
     mode = "resume" if cfg.resume else "fork"
     paths = RunPaths.make(cfg.tracking.root_dir, cfg.resume or cfg.run_id or "pending-fork")
-    found, _ = start_point(cfg, mode, paths, log=log)
+    found, lineage = start_point(cfg, mode, paths, log=log)
     if found is None and mode == "resume":
         return  # no checkpoint yet: the run restarts from step 0 and opens (or creates) its tables
     table_run = cfg.resume if mode == "resume" else cfg.fork.partition("@")[0]
     uri = cfg.buffer.uri or str(paths.lancedb)
     opts = cfg.buffer.storage_options  # an unreachable object store was refused by preflight
-    RolloutStore.open(uri, table_run, storage_options=opts)
-    UsageStore.open(uri, table_run, storage_options=opts)
+    store = RolloutStore.open(uri, table_run, storage_options=opts)
+    usage = UsageStore.open(uri, table_run, storage_options=opts)
+    if mode == "resume" and not lineage.get("fork_restart"):
+        # damaged files (the repair command) or rows lost before the checkpoint (the fork to take)
+        check_resume_tables(store, usage, found[1], cfg.loop.mode == "async", paths.checkpoints, log=log, deep=True)

@@ -75,7 +75,7 @@ from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.config import TASK_DEFAULTS
 from replay_pipeline.models.device import resolve_device
 from replay_pipeline.models.loading import generator_from_pretrained
-from replay_pipeline.run.batches import generate_batch, quiet_transformers, score_batch
+from replay_pipeline.run.batches import generate_batch, quiet_transformers, reward_terms, score_batch
 from replay_pipeline.run.files import AsyncDir, LearnerWatch
 from replay_pipeline.runs import RunPaths
 from replay_pipeline.scoring import set_reward_timeout
@@ -124,6 +124,7 @@ def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_i
                          worker, control.claim(worker))
     weights = WeightStore(paths.run_dir / "weights")
     task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
+    terms, verifier_weight = reward_terms(OmegaConf.to_container(cfg.reward, resolve=True))
     # By generator.backend, on this machine's model.device; a vLLM engine builds from the base
     # directory (version 0) and every later version arrives through load_weights.
     generator = generator_from_pretrained(cfg.generator, weights.base, resolve_device(cfg.model.device))
@@ -168,7 +169,8 @@ def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_i
         stats["weights_seconds"] = stats.get("weights_seconds", 0.0) + time.perf_counter() - t0
         batch = generate_batch(task, generator, cfg, step, worker=worker)
         table, metrics = score_batch(task, batch, run_id, cfg.loop.group_size, worker=worker,
-                                     max_flagged_fraction=cfg.reward.max_flagged_fraction)
+                                     max_flagged_fraction=cfg.reward.max_flagged_fraction, terms=terms,
+                                     verifier_weight=verifier_weight)
         # Committed behind the next batch's generation (one write in flight; a failed write
         # raises here at the next batch). Idempotent, so a retry never duplicates rows.
         waited = writes.waited

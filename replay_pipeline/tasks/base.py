@@ -46,5 +46,10 @@ class Task(Protocol):
 
     def reward(self, prompt: Prompt, completion: str, finish_reason: str) -> float:
         """Exact verifier. `completion` is decoded text with special tokens removed;
-        `finish_reason` is "stop" when the end token was generated, else "length"."""
+        `finish_reason` is "stop" when the end token was generated, else "length".
+
+        Optional, not part of the protocol's required members: a task may also define
+        `reward_batch(prompts, completions, finish_reasons) -> list[float]`, which scores a whole
+        batch in one call and is then used instead of `reward` (replay_pipeline/scoring.py
+        rewards_of)."""
         ...

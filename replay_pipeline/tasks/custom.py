@@ -45,15 +45,16 @@ def absolute_target(target: str) -> str:
     return str(target)
 
 
-def load_target(target: str) -> Callable[..., Any]:
-    """The callable `target` names; ValueError saying what is wrong and how to fix it."""
+def load_target(target: str, key: str = "task.target") -> Callable[..., Any]:
+    """The callable `target` names (the config key `key` holds it: task.target, or a reward
+    term's reward.terms.NAME.target); ValueError saying what is wrong and how to fix it."""
     where, sep, attr = str(target or "").rpartition(":")
     if not sep or not where or not attr:
-        raise ValueError(f"task.target={target!r} must be `package.module:factory` or `/path/to/file.py:factory`")
+        raise ValueError(f"{key}={target!r} must be `package.module:factory` or `/path/to/file.py:factory`")
     if where.endswith(".py"):
         path = Path(where).expanduser().resolve()
         if not path.is_file():
-            raise ValueError(f"task.target={target!r}: no file {path}; give the path of the file that defines "
+            raise ValueError(f"{key}={target!r}: no file {path}; give the path of the file that defines "
                              f"{attr!r} (absolute, or relative to the working directory)")
         name = f"replay_pipeline_user_task_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
         module = sys.modules.get(name)
@@ -65,18 +66,18 @@ def load_target(target: str) -> Callable[..., Any]:
                 spec.loader.exec_module(module)
             except Exception as exc:
                 del sys.modules[name]
-                raise ValueError(f"task.target={target!r}: importing {path} failed: "
+                raise ValueError(f"{key}={target!r}: importing {path} failed: "
                                  f"{type(exc).__name__}: {exc}") from exc
     else:
         try:
             module = importlib.import_module(where)
         except ImportError as exc:
-            raise ValueError(f"task.target={target!r}: cannot import {where!r} ({exc}); put its directory on "
+            raise ValueError(f"{key}={target!r}: cannot import {where!r} ({exc}); put its directory on "
                              "PYTHONPATH (in every process that builds the task: generator processes and "
-                             "Dask workers too), or name the file: task.target=/path/to/file.py:factory") from exc
+                             f"Dask workers too), or name the file: {key}=/path/to/file.py:{attr}") from exc
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
-        raise ValueError(f"task.target={target!r}: {where} has no callable {attr!r}")
+        raise ValueError(f"{key}={target!r}: {where} has no callable {attr!r}")
     return factory
 
 

@@ -17,6 +17,14 @@ must have (replay_pipeline/tasks/base.py, the Task protocol):
   decoded text without special tokens; `finish_reason` is "stop" when the end token came,
   "length" when the budget ran out). A reward that raises, returns something that is not a
   number, or runs longer than reward.timeout scores 0 and is flagged (replay_pipeline/scoring.py).
+  Optional: `reward_batch(prompts, completions, finish_reasons)`, a list of floats for a whole
+  batch in one call (a reward model scores faster in batches); when a task has it, it is used
+  instead of `reward` everywhere, and may take reward.timeout seconds a completion.
+
+Shaping the training reward with weighted terms (a length penalty, a format bonus) needs no
+change to the task: `+reward.terms.NAME.target=/path/to/file.py:fn +reward.terms.NAME.weight=W`
+adds W x fn(prompt, completion, finish_reason) to the reward in training; `reward` stays the
+verifier that decides what is correct (replay_pipeline/config/schema.py, RewardConfig).
 
 The factory gets `task.args` as keyword arguments, plus task.heldout_size,
 task.validation_size and task.split_seed when it takes them. This one uses only the

@@ -1,7 +1,8 @@
 """Your own task by import path (issue 23 item 1): a task file outside the project, named by
 task.target, trains with `python -m flows.train`, resumes (the target re-imported from the
 run's config.yaml), runs in the async loop's generator processes and in `flows.evaluate`;
-a resume whose task file is gone is refused before any work, naming it."""
+a weighted reward term (reward.terms) is added in the generator process too; a resume whose
+task file is gone is refused before any work, naming it."""
 
 from __future__ import annotations
 
@@ -45,11 +46,16 @@ def test_a_task_file_outside_the_project_trains_resumes_and_runs_in_generator_pr
                                env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")})
     assert evaluated.returncode == 0, evaluated.stdout[-2000:] + evaluated.stderr[-2000:]
 
+    bonus = tmp_path / "elsewhere" / "bonus.py"  # a weighted reward term, in the generator process too
+    bonus.write_text("def half(prompt, completion, finish_reason):\n    return 0.5\n")
     async_run = train(tmp_path, *MODEL, *task, "run_id=mine-async", "loop=async", "loop.steps=3",
-                      "loop.checkpoint_every=0", "model.torch_threads=1")
+                      "loop.checkpoint_every=0", "model.torch_threads=1", f"+reward.terms.half.target={bonus}:half")
     assert async_run.returncode == 0, async_run.stdout[-3000:] + async_run.stderr[-3000:]
-    workers = RolloutStore.open(tmp_path / "lancedb", "mine-async").window(1000, columns=["worker", "prompt"])
+    workers = RolloutStore.open(tmp_path / "lancedb", "mine-async").window(
+        1000, columns=["worker", "prompt", "reward", "correct"])
     assert set(workers.column("worker").to_pylist()) == {0} and "+" in workers.column("prompt")[0].as_py()
+    assert [r - 0.5 for r in workers.column("reward").to_pylist()] == [
+        float(c) for c in workers.column("correct").to_pylist()]
 
     mine.rename(mine.with_suffix(".gone"))
     refused = train(tmp_path, "resume=mine", "loop.steps=6")

@@ -582,6 +582,14 @@ def test_the_preflight_refuses_a_model_without_tokenizer_a_reused_run_id_and_a_s
     run.finish()
     with pytest.raises(ConfigError, match="holds no tokenizer .*tokenizer.save_pretrained"):
         preflight(load_config(["model=hf", f"model.path={model_dir}", f"tracking.root_dir={root}"]))
+    from replay_pipeline.models.tiny import build_tokenizer
+
+    build_tokenizer("0123456789+=abcdefghij").save_pretrained(model_dir)  # ten letters the model never saw
+    with pytest.raises(ConfigError, match=r"the tokenizer has 26 tokens but the model's embedding only 16 rows "
+                                          r"\(config.json vocab_size\), so token ids 16..25"):
+        preflight(load_config(["model=hf", f"model.path={model_dir}", f"tracking.root_dir={root}"]))
+    build_tokenizer().save_pretrained(model_dir)  # the model's own: accepted
+    preflight(load_config(["model=hf", f"model.path={model_dir}", f"tracking.root_dir={root}", "run_id=fresh"]))
     with pytest.raises(ConfigError, match="run_id=saved-model is a run that exists .*resume=saved-model"):
         preflight(load_config([*TINY_OVERRIDES, "run_id=saved-model", f"tracking.root_dir={root}"]))
     with socket.socket() as sock:  # a port where nothing listens

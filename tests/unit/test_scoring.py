@@ -2,11 +2,13 @@
 
 import logging
 import math
+import time
 
 import numpy as np
 import pytest
 
-from replay_pipeline.scoring import MAX_ERROR_CHARS, group_advantages, safe_reward, warn_flagged
+from replay_pipeline.scoring import (MAX_ERROR_CHARS, RewardTerm, group_advantages, rewards_of, safe_reward,
+                                     score_items, set_reward_timeout, warn_flagged)
 
 
 def test_group_advantages_by_hand():
@@ -96,3 +98,66 @@ def test_check_flagged_stops_only_above_the_fraction():
     with pytest.raises(RewardFailure, match="step 3: 2 of 4 rollouts flagged \\(first: x\\)"):
         check_flagged(3, ["x", "y", None, None], max_fraction=0.25)
     check_flagged(3, ["x"] * 4, max_fraction=1.0)  # 1: never
+
+
+class _BatchTask:
+    """A task whose reward comes in one batch call (a reward model's way)."""
+
+    def __init__(self, batch):
+        self.calls, self._batch = 0, batch
+
+    def reward(self, prompt, completion, finish_reason):  # never used while reward_batch exists
+        raise AssertionError("reward_batch should have been called")
+
+    def reward_batch(self, prompts, completions, finish_reasons):
+        self.calls += 1
+        return self._batch(prompts, completions, finish_reasons)
+
+
+ITEMS = [("p1", "a", "stop"), ("p2", "bb", "stop"), ("p3", "ccc", "length")]
+
+
+def test_a_batch_reward_is_one_call_judged_item_by_item():
+    task = _BatchTask(lambda ps, cs, fs: [len(c) for c in cs])
+    assert rewards_of(task, ITEMS) == [(1.0, None), (2.0, None), (3.0, None)] and task.calls == 1
+    nan = rewards_of(_BatchTask(lambda ps, cs, fs: [1.0, float("nan"), "x"]), ITEMS)
+    assert nan[0] == (1.0, None) and nan[1] == (0.0, "reward was nan") and nan[2][1].startswith("reward raised ValueError")
+
+
+@pytest.mark.parametrize("batch, reason", [
+    (lambda ps, cs, fs: [1.0], "reward_batch returned 1 values for 3 completions"),
+    (lambda ps, cs, fs: 1 / 0, "reward raised ZeroDivisionError: division by zero"),
+    (lambda ps, cs, fs: time.sleep(5), "reward timed out after 0.3 s"),  # 0.1 s a completion
+], ids=["wrong-length", "raises", "hangs"])
+def test_a_batch_reward_that_fails_flags_every_completion_with_the_reason(batch, reason):
+    set_reward_timeout(0.1)
+    try:
+        assert rewards_of(_BatchTask(batch), ITEMS) == [(0.0, reason)] * 3
+    finally:
+        set_reward_timeout(30.0)
+
+
+class _Verifier:
+    def reward(self, prompt, completion, finish_reason):
+        return 1.0 if completion == "bb" else 0.0
+
+
+def test_weighted_terms_add_to_the_verifier_and_correctness_stays_the_verifiers():
+    length = RewardTerm("length", 0.5, lambda p, c, f, scale: scale * len(c), {"scale": 2.0})
+    stops = RewardTerm("stops", -1.0, lambda p, c, f: float(f == "stop"), {})
+    scored = score_items(_Verifier(), ITEMS, [length, stops], verifier_weight=3.0)
+    # p1: 3*0 + 0.5*2 - 1 = 0; p2: 3*1 + 0.5*4 - 1 = 4; p3: 3*0 + 0.5*6 - 0 = 3
+    assert scored.rewards == [0.0, 4.0, 3.0] and scored.correct == [False, True, False]
+    assert scored.errors == [None] * 3 and scored.term_means == {"length": 4.0, "stops": 2 / 3}
+
+
+def test_a_failing_term_flags_its_completion_by_name_and_scores_it_zero():
+    def picky(p, c, f):
+        if c == "bb":
+            raise KeyError("no length for bb")
+        return 1.0
+
+    scored = score_items(_Verifier(), ITEMS, [RewardTerm("picky", 1.0, picky, {})])
+    assert scored.rewards == [1.0, 0.0, 1.0] and scored.correct == [False, False, False]
+    assert scored.errors[1] == "term picky: reward raised KeyError: 'no length for bb'"
+    assert scored.term_means == {"picky": 1.0}  # over the unflagged ones
