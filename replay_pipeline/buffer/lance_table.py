@@ -614,7 +614,9 @@ class LanceTable:
         fork point). The tag on the source keeps the shared files alive: a source compaction
         never removes a tagged version's files, so do not delete a tag a fork was made from.
         If the clone already exists (a fork interrupted after cloning), it is reused and the
-        deletion applied again (idempotent).
+        deletion applied again (idempotent). If a repair moved files of the tagged version aside,
+        the clone is made of the source's current (repaired) version instead, tagged
+        ``fork-<run_id>``: the fork then starts with every readable row of the source.
         """
         source = cls.open(uri, source_run_id, storage_options=storage_options)
         name = cls.table_name_for(run_id)
@@ -626,7 +628,17 @@ class LanceTable:
         if name not in table_names(db):
             src_uri = str(source._dataset().uri).rstrip("/")
             target = src_uri.rsplit("/", 1)[0] + f"/{name}.lance"
-            source._dataset().shallow_clone(target, tag, storage_options=normalize_storage_options(storage_options))
+            reference: str | int = tag
+            if scan_damage(source._dataset().checkout_version(tags[tag]), deep=False):
+                # A repair (replay_pipeline/buffer/repair.py) moved files of the tagged version
+                # aside: clone the repaired version instead, which holds every readable row
+                # (drop_where trims what lies past the fork point), tagged so that the source's
+                # compactions keep its files.
+                source.check_intact(deep=False)  # damaged now too: DamagedTable, with the repair command
+                reference = f"fork-{run_id}"
+                if reference not in tags:
+                    source.tag(reference, source.version)
+            source._dataset().shallow_clone(target, reference, storage_options=normalize_storage_options(storage_options))
         table = db.open_table(name)
         store = cls(db, table, str(uri), run_id)
         # The cloned indexes point into the source's directory, which index updates in the
@@ -763,7 +775,7 @@ class LanceTable:
         ``expect_count``: the row count :meth:`prepare` numbered the rows from; if the table
         holds another number (another writer appended in between) nothing is written and
         :class:`StoreError` says so."""
-        if expect_count is not None and (held := self.count()) != expect_count:
+        if expect_count is not None and (held := self.count()) != expect_count and self._numbered_to() != expect_count:
             raise ConcurrentAppend(
                 f"cannot append to {self.table_name!r}: the rows were numbered for a table of {expect_count} "
                 f"rows, but it holds {held}: another process appended in between. Nothing was written. A "
@@ -773,6 +785,12 @@ class LanceTable:
         self._dataset().insert(prepared)
         self.last_appended = prepared
         return prepared.num_rows
+
+    def _numbered_to(self) -> int:
+        """The number the next appended row is counted from: the row count here; a table that
+        numbers its rows (RolloutStore's seq) says one past its largest number, which differs
+        from the count once a repair lost rows. Asked only when the count does not match."""
+        return self.count()
 
     # ------------------------------------------------------------------ reading
     def _dataset(self, table: Any = None) -> Any:

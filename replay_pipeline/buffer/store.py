@@ -254,6 +254,9 @@ class RolloutStore(LanceTable):
         seqs = self._query(None, ["seq"]).column("seq")
         return int(pc.max(seqs).as_py()) if len(seqs) else -1
 
+    def _numbered_to(self) -> int:
+        return self.max_seq() + 1
+
     def seq_end(self, step: int) -> int:
         """One past the largest ``seq`` of the rows of generation steps ``<= step``: the
         table's size right after ``step``'s rows were appended, when steps are appended in

@@ -164,7 +164,9 @@ def check_resume_tables(store: RolloutStore, usage: UsageStore, state: dict[str,
                      and not _lost_before(store, usage, _state_or_none(c) or {"step": -1})), None)
         advice = (f"fork it from the checkpoint at step {checkpoint_step(fork)}, whose rows are all stored: "
                   f"python -m flows.train fork={store.run_id}@{checkpoint_step(fork)}" if fork is not None else
-                  "no earlier checkpoint of the run has all its rows either: start a new run")
+                  "no earlier checkpoint of the run has all its rows; fork it from this checkpoint to go on "
+                  f"with every readable row kept (a new run, its first window without the lost rows): "
+                  f"python -m flows.train fork={store.run_id}@{state['step']}")
         raise StoreError(
             f"cannot resume {store.run_id} from step {state['step']} exactly: {' and '.join(holes)} it read "
             f"when it stopped are no longer stored (lost with damaged files: `python -m flows.query repair "

@@ -182,7 +182,8 @@ def test_resume_refused_on_damage_and_on_rows_lost_before_the_checkpoint(runs, c
         check_start_point(cfg, log=lambda _: None)
     assert query(["repair", "hurt", "--root", str(root)]) == 0
     capsys.readouterr()
-    refused = r"cannot resume hurt from step 2 exactly: 16 rollouts \(seq below 32\) .* start a new run"
+    refused = (r"cannot resume hurt from step 2 exactly: 16 rollouts \(seq below 32\) .* fork it from this "
+               r"checkpoint .*python -m flows.train fork=hurt@2")
     with pytest.raises(StoreError, match=refused):
         check_start_point(cfg, log=lambda _: None)
     with pytest.raises(StoreError, match=refused):
@@ -191,3 +192,24 @@ def test_resume_refused_on_damage_and_on_rows_lost_before_the_checkpoint(runs, c
 
     info = json.loads((root / "hurt" / "run.json").read_text())
     assert MlflowClient(f"sqlite:///{root / 'mlflow.db'}").get_run(info["mlflow_run_id"]).info.status == "KILLED"
+
+
+def test_a_fork_after_repair_goes_on_with_every_readable_row(runs):
+    """The refusal above names a fork from the checkpoint: it clones the repaired version (the
+    tagged one references the files moved aside), keeps every readable row before the fork
+    point, and numbers its new rows after the largest seq it kept (here step 0's: the lost
+    step 1 leaves no gap behind it)."""
+    _, _, _, root = runs  # after the test above: step 1's rows lost, the table repaired
+    source = RolloutStore.open(root / "lancedb", "hurt")
+    kept = source.window(1000, columns=["seq", "step"]).to_pydict()
+    fork = setup(root, "fork=hurt@2", "run_id=after-repair")
+    drive(fork)
+    fork.flush_writes()
+    rows = fork.store.window(1000, columns=["seq", "step", "run_id"]).to_pydict()
+    inherited = [(q, s) for q, s, r in zip(rows["seq"], rows["step"], rows["run_id"]) if r == "hurt"]
+    assert inherited == [(q, s) for q, s in zip(kept["seq"], kept["step"]) if s < 2]  # step 0 (step 1 was lost)
+    new = [q for q, r in zip(rows["seq"], rows["run_id"]) if r == "after-repair"]
+    assert new == list(range(16, 16 + 16 * (STEPS - 2)))  # after the kept rows, in order
+    assert "fork-after-repair" in source.tags()
+    fork.finish()
+    assert fork.tracker.status() == "FINISHED"
