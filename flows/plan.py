@@ -2,6 +2,8 @@
 
     python -m flows.plan --mu 6.84                              # the paper's Qwen3-0.6B mu
     python -m flows.plan --run RUN_ID                           # mu, R and B from a run
+    python -m flows.plan --run RUN_ID --measure                 # and alpha, rho measured on its data
+    python -m flows.plan --probe 12                             # a 12-step probe run, measured
     python -m flows.plan --mu 5.28 --rollouts-per-step 128 --minibatch 32 --alpha 0.2 --json
 
 Prints the optimal staleness horizon x* (in learner updates: x = K N / R) and replay ratio y* = K B / R, the buffer.capacity
@@ -12,9 +14,13 @@ on-policy). The math is replay_pipeline.planner; this module parses, reads the r
 With --run, mu is the latest finite value of the run's `compute/mu` metric (seconds to
 generate a rollout over seconds to train on one) in its MLflow store, and R and B come from
 its params loop.prompts_per_step x loop.group_size and loop.minibatch_size unless given.
-alpha and rho default to illustrative values (0.25, 0.05): measure them for a real setting.
-Errors go to stderr with exit status 2 and say how to fix the call. Neither Prefect nor
-torch is imported, and mlflow only with --run, so the answer comes at once.
+alpha and rho default to illustrative values (0.25, 0.05) unless the run's `noise.json` holds
+measured ones: `--measure` writes it (replay_pipeline/run/measure.py: per-rollout gradients at
+the run's newest checkpoint, estimators and assumptions in replay_pipeline/noise.py), and
+`--probe STEPS` first trains a short run to measure. The report says where each value came
+from, with the measured values' 95% intervals. Errors go to stderr with exit status 2 and say
+how to fix the call. Neither Prefect nor torch is imported (but by --measure and --probe), and
+mlflow only with --run, so the answer comes at once.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
@@ -87,7 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--mu", type=_number, help="generation/training cost ratio (seconds per rollout)")
     source.add_argument("--run", metavar="RUN_ID",
-                        help="take mu (its latest compute/mu), R and B from this run's MLflow record")
+                        help="take mu (its latest compute/mu), R and B from this run's MLflow record, and "
+                             "alpha and rho from its noise.json when measured (--measure)")
+    source.add_argument("--probe", type=_positive_int, metavar="STEPS",
+                        help="train a short probe run of STEPS steps (python -m flows.train, the defaults plus "
+                             "--probe-override ones), measure alpha and rho on it and plan from it")
+    parser.add_argument("--measure", action="store_true",
+                        help="with --run: measure alpha and rho from the run's own rollouts at its newest "
+                             "checkpoint (replay_pipeline/run/measure.py; seconds on the tiny model), write "
+                             "them to its noise.json, and plan with them")
+    parser.add_argument("--probe-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for the --probe run (repeat)")
     parser.add_argument("--rollouts-per-step", "-R", type=_positive_int, metavar="R",
                         help="rollouts per step, loop.prompts_per_step x loop.group_size (default: the "
                              f"run's, else {DEFAULT_PROMPTS_PER_STEP * DEFAULT_GROUP_SIZE})")
@@ -185,13 +203,68 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         B, B_source = minibatch, "run: loop.minibatch_size"
     else:
         B, B_source = DEFAULT_MINIBATCH, "default loop.minibatch_size"
-    illustrative = "illustrative default: measure it"
-    alpha = planner.DEFAULT_ALPHA if args.alpha is None else args.alpha
-    rho = planner.DEFAULT_RHO if args.rho is None else args.rho
-    return {"mu": mu, "mu_source": mu_source, "alpha": alpha, "rho": rho,
-            "alpha_source": illustrative if args.alpha is None else "--alpha",
-            "rho_source": illustrative if args.rho is None else "--rho", "R": R, "R_source": R_source, "B": B,
-            "B_source": B_source, "prompts_per_step": prompts, "group_size": group, "run": run}
+    illustrative = "illustrative default: measure it with --run RUN_ID --measure"
+    alpha, alpha_source = (planner.DEFAULT_ALPHA, illustrative) if args.alpha is None else (args.alpha, "--alpha")
+    rho, rho_source = (planner.DEFAULT_RHO, illustrative) if args.rho is None else (args.rho, "--rho")
+    measured = read_noise(args.root, args.run) if args.run is not None else None
+    if measured is not None:
+        where = (f"measured on run {args.run}: {measured['rollouts']} rollouts of steps "
+                 f"{measured['steps'][0]}..{measured['steps'][-1]} at {measured['checkpoint']}")
+        if args.alpha is None:
+            alpha, alpha_source = _usable_alpha(measured["alpha"], where)
+        if args.rho is None:
+            est = measured["rho"]
+            rho, rho_source = max(est["value"], 0.0), f"{where}, 95% interval [{est['low']:.3g}, {est['high']:.3g}]"
+    return {"mu": mu, "mu_source": mu_source, "alpha": alpha, "rho": rho, "alpha_source": alpha_source,
+            "rho_source": rho_source, "R": R, "R_source": R_source, "B": B, "B_source": B_source,
+            "prompts_per_step": prompts, "group_size": group, "run": run, "measured": measured}
+
+
+#: The planner's power law has a finite optimum for 0 < alpha < 1/2: a measured value outside
+#: is brought to the nearest end of this range (and the report says so).
+ALPHA_RANGE = (0.01, 0.49)
+
+
+def _usable_alpha(est: dict[str, Any], where: str) -> tuple[float, str]:
+    value = min(max(est["value"], ALPHA_RANGE[0]), ALPHA_RANGE[1])
+    source = f"{where}, 95% interval [{est['low']:.3g}, {est['high']:.3g}]"
+    if value != est["value"]:
+        source += (f"; measured {est['value']:.3g}, outside the power law's range with a finite optimum, "
+                   f"planned at {value:g}")
+    return value, source
+
+
+def read_noise(root: str, run_id: str) -> Optional[dict[str, Any]]:
+    """The run's measured alpha and rho (<root>/<run>/noise.json, written by --measure), or None."""
+    path = Path(root).expanduser().resolve() / run_id / "noise.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise PlanError(f"{path} does not read as JSON ({exc}); measure again with --run {run_id} --measure") from None
+
+
+def measure(root: str, run_id: str) -> None:
+    """--measure: alpha and rho from the run's data, into its noise.json (imports torch)."""
+    from replay_pipeline.run.measure import measure_run  # start-up cost: torch, transformers, lancedb
+
+    try:
+        measure_run(root, run_id, log=lambda line: print(line, file=sys.stderr))
+    except (ValueError, FileNotFoundError) as exc:
+        raise PlanError(f"cannot measure run {run_id}: {exc}") from None
+
+
+def probe(root: str, steps: int, extra: list[str]) -> str:
+    """--probe: a short run of flows.train (one torch thread, checkpointed at its end); its id."""
+    run_id = time.strftime("probe-%Y%m%d-%H%M%S")
+    command = [sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", f"run_id={run_id}",
+               f"loop.steps={steps}", f"loop.checkpoint_every={steps}", "tracking.progress=false", *extra]
+    print(f"probe: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, stdout=sys.stderr)
+    if done.returncode != 0:
+        raise PlanError(f"the probe run {run_id} failed (exit {done.returncode}); its output is above")
+    return run_id
 
 
 def current_design(inputs: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -264,8 +337,16 @@ def render(result: planner.Plan, inputs: dict[str, Any]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.measure and args.run is None:
+        parser.error("--measure measures a run: give it --run RUN_ID (or use --probe STEPS for a new one)")
     try:
+        if args.probe is not None:
+            args.run = probe(args.root, args.probe, args.probe_override)
+            args.measure = True
+        if args.measure:
+            measure(args.root, args.run)
         inputs = resolve(args)
         result = planner.plan(inputs["mu"], inputs["R"], inputs["B"], alpha=inputs["alpha"],
                               rho=inputs["rho"])
@@ -278,7 +359,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   "run_id": run["run_id"] if run else None,
                   "mlflow_run_id": run["mlflow_run_id"] if run else None,
                   "mu_step": run["step"] if run else None, "current": current_design(inputs),
-                  "overrides": overrides(result, inputs)}
+                  "alpha_source": inputs["alpha_source"], "rho_source": inputs["rho_source"],
+                  "measured": inputs["measured"], "overrides": overrides(result, inputs)}
         print(json.dumps(record, indent=2))
     else:
         print(render(result, inputs))

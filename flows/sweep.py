@@ -183,6 +183,28 @@ GRIDS: dict[str, Grid] = {
         about="the on-policy baseline against the headline's best buffer configuration and the two controls "
               "at three times the generation budget (19,200 rollouts, the baseline near its peak), 10 "
               "confirmation seeds (10-19)"),
+    # Adaptive reuse (replay_pipeline/reuse.py), its selection stage: the rules and their
+    # thresholds on the best static configuration's design (4 prompts a step, minibatches of
+    # 32 from a positive-biased window of 512 drawn by |advantage|), up to 4 updates a round
+    # instead of 1, on the selection seeds 0-3, with the static configuration and the
+    # baseline. The chosen rule is then confirmed on seeds 10-19 at both budgets (issue 24).
+    "adaptive": Grid(
+        configs={"no_buffer": ["experiment=no_buffer"],
+                 "posbias_prio512_r32_b32": _DEFAULT.configs["posbias_prio512_r32_b32"],
+                 **{name: [*_DEFAULT.configs["posbias_prio512_r32_b32"], "reuse.max_updates=4", *rule]
+                    for name, rule in {
+                        "adapt_kl005": ["reuse.rule=kl_budget", "reuse.kl_budget=0.005"],
+                        "adapt_kl02": ["reuse.rule=kl_budget", "reuse.kl_budget=0.02"],
+                        "adapt_spike15": ["reuse.rule=grad_spike", "reuse.spike_factor=1.5"],
+                        "adapt_spike2": ["reuse.rule=grad_spike", "reuse.spike_factor=2"],
+                        "adapt_clip01": ["reuse.rule=clip_budget", "reuse.clip_budget=0.1"],
+                    }.items()}},
+        seeds=[0, 1, 2, 3],
+        overrides=_shared(100),
+        lr_factors=[],
+        about="adaptive reuse, selection stage: three rules at two thresholds (one for clip_budget), up to 4 "
+              "updates a round on the best static configuration's design, against it and the baseline, "
+              "selection seeds 0-3"),
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],

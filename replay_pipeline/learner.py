@@ -44,7 +44,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -156,6 +156,8 @@ class Learner:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas,
                                            weight_decay=weight_decay)
         self.steps = 0
+        self.watched: list[torch.nn.Parameter] = []  # watch(): the group whose gradient norm is reported
+        self.refused: str | None = None  # why step()'s `accept` refused the last update
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -224,8 +226,24 @@ class Learner:
             raise ValueError(f"stored temperatures {sorted(set(values))} must be finite numbers > 0")
         return torch.tensor(values, dtype=torch.float32)
 
-    def step(self, rows: Mapping[str, Sequence[Any]]) -> dict[str, float]:
-        """One optimizer step on a minibatch given as columns of stored rollouts."""
+    def watch(self, group: str) -> None:
+        """Report the gradient norm of one parameter group with every step (`group_grad_norm`,
+        before clipping): "output" for the output embedding (the LM head, tied or not), else
+        the parameters whose name contains `group`. ValueError if none matches."""
+        if group == "output":
+            head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+            params = [head.weight] if head is not None else []
+        else:
+            params = [p for name, p in self.model.named_parameters() if group in name]
+        if not params:
+            names = [name for name, _ in self.model.named_parameters()][:6]
+            raise ValueError(f"reuse.group={group!r} matches no parameter of the model (names look like "
+                             f"{names}); use reuse.group=output or part of a parameter's name")
+        self.watched = params
+
+    def _loss(self, rows: Mapping[str, Sequence[Any]]):
+        """The minibatch's loss (objective, KL and entropy terms, aggregated) and what the
+        diagnostics are computed from: (batch, mask, on, objective output, logp, entropy, kl_ref)."""
         self.check_rows(rows)
         batch = collate(rows["prompt_ids"], rows["completion_ids"], rows["behaviour_logprobs"],
                         rows["advantage"], self.pad_id, rewards=rows.get("reward"),
@@ -252,15 +270,41 @@ class Learner:
         if self.entropy_coef > 0:  # bonus: higher entropy lowers the loss (aggregate drops padding)
             per_token = per_token - self.entropy_coef * entropy
         loss = aggregate(per_token, m, self.loss_agg)
+        return loss, (batch, m, on, out, logp, entropy, kl_ref)
+
+    def gradient(self, rows: Mapping[str, Sequence[Any]]) -> list[torch.Tensor]:
+        """The loss's gradient on a minibatch, one tensor a parameter (zeros where it has
+        none), without clipping, without a step, the model's own .grad left untouched: what
+        replay_pipeline/run/measure.py takes for each rollout."""
+        loss, _ = self._loss(rows)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not loss.requires_grad:  # only empty completions
+            return [torch.zeros_like(p) for p in params]
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+    def step(self, rows: Mapping[str, Sequence[Any]],
+             accept: Callable[[Mapping[str, float]], str | None] | None = None) -> dict[str, float]:
+        """One optimizer step on a minibatch given as columns of stored rollouts.
+
+        `accept` (adaptive reuse, replay_pipeline/reuse.py) sees the update's diagnostics after
+        its backward pass and before the optimizer step; if it returns a reason, the update is
+        not applied (gradients dropped, no step counted), the metrics carry `applied` 0 (1 when
+        `accept` let it through) and the reason is kept in `refused`."""
+        loss, parts = self._loss(rows)
+        batch, m, on, out, logp, entropy, kl_ref = parts
         self.optimizer.zero_grad(set_to_none=True)
+        group_norm = 0.0
         if bool(on.any()):
             loss.backward()
+            if self.watched:
+                group_norm = float(torch.linalg.vector_norm(torch.stack(
+                    [torch.linalg.vector_norm(p.grad) for p in self.watched if p.grad is not None] or
+                    [torch.zeros(())])))
             norm_cap = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm_cap)
-            self.optimizer.step()
         else:  # only empty completions: nothing to learn, and no momentum-only update
             grad_norm = torch.zeros(())
-        self.steps += 1
         tokens = m.sum().clamp_min(1.0)
         masked_mean = lambda x: float((x.detach() * m).sum() / tokens)  # noqa: E731
         ratio = out.ratio
@@ -281,7 +325,16 @@ class Learner:
         }
         if kl_ref is not None:
             metrics["kl_ref"] = masked_mean(kl_ref)
-        return metrics
+        if self.watched:
+            metrics["group_grad_norm"] = group_norm
+        self.refused = accept(metrics) if accept is not None else None
+        if self.refused is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            return metrics | {"applied": 0.0}
+        if bool(on.any()):
+            self.optimizer.step()
+        self.steps += 1
+        return metrics if accept is None else metrics | {"applied": 1.0}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Weights to publish to the generator (detached copies, safe to load elsewhere)."""

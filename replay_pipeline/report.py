@@ -92,6 +92,7 @@ DEFAULT_BASELINE = "no_buffer"
 ACCURACY = "eval/accuracy"
 SAMPLE_ENTROPY = "eval/sample_entropy"
 LEARN_ENTROPY = "learn/entropy"
+REUSE_UPDATES = "reuse/updates"  # adaptive reuse: the updates each round took (replay_pipeline/reuse.py)
 MU_METRIC = "compute/mu"
 LEDGER = ("compute/gen_tokens", "compute/gen_rollouts", "compute/train_rollouts",
           "compute/gen_seconds", "compute/train_seconds", "compute/gen_train_seconds", MU_METRIC)
@@ -237,7 +238,7 @@ def metric_frame(client: Any, mlflow_run_id: str, keys: Sequence[str]) -> pd.Dat
 
 def _child_keys(metric_names: Sequence[str]) -> list[str]:
     ks = sorted({int(m.group(1)) for n in metric_names if (m := _PASS_AT.match(n))} or DEFAULT_KS)
-    return [*LEDGER, LEARN_ENTROPY, ACCURACY, SAMPLE_ENTROPY, *(f"eval/pass_at_{k}" for k in ks)]
+    return [*LEDGER, LEARN_ENTROPY, ACCURACY, SAMPLE_ENTROPY, REUSE_UPDATES, *(f"eval/pass_at_{k}" for k in ks)]
 
 
 def _load_child(client: Any, record: dict[str, Any], notes: list[str]) -> Child | None:
@@ -367,15 +368,20 @@ def _config_summary(children: Sequence[Child], mu: float) -> tuple[dict[str, Any
 
 def _design_of(children: Sequence[Child], mu: float) -> dict[str, Any]:
     """R, B (`_design`), K, the target replay ratio K x B / R and gamma at the projection mu
-    (K from the first child's params that give it, else the project's default)."""
+    (K from the first child's params that give it, else the project's default; with adaptive
+    reuse, reuse.rule not fixed, K is the mean of the rounds' measured reuse/updates)."""
     R, B = _design(children)
-    K = LoopConfig().updates_per_step
+    K: float = LoopConfig().updates_per_step
     for c in children:
         try:
             K = int(c.params["loop.updates_per_step"])
             break
         except (KeyError, ValueError):
             continue
+    if any(c.params.get("reuse.rule", "fixed") != "fixed" for c in children):
+        taken = [float(v) for c in children if REUSE_UPDATES in c.history
+                 for v in c.history[REUSE_UPDATES].dropna()]
+        K = float(np.mean(taken)) if taken else float("nan")
     ratio = K * B / R
     return {"R": R, "B": B, "K": K, "replay_ratio": ratio, "gamma": evidence.gamma(mu, ratio), "gamma_mu": mu}
 

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LOOP_ENGINES, LOOP_MODES, LOSS_AGGREGATIONS,
                                            TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS, AlgoConfig, Config,
                                            ConfigError, GeneratorConfig)
+from replay_pipeline.reuse import RULES
 from replay_pipeline.tasks import CUSTOM, TASKS, unused_task_fields
 from replay_pipeline.tasks.answers import FALLBACKS
 from replay_pipeline.tasks.math import FORMATS
@@ -118,6 +119,13 @@ def validate(cfg: DictConfig | Config) -> None:
     need(buf.capacity >= loop.minibatch_size or buf.strategy == "fresh",
          f"buffer.capacity={buf.capacity} is below one minibatch (loop.minibatch_size="
          f"{loop.minibatch_size}); raise buffer.capacity or lower loop.minibatch_size")
+    reuse = cfg.reuse
+    need(reuse.rule in RULES, f"reuse.rule={reuse.rule!r} is not one of {list(RULES)}")
+    need(reuse.min_updates <= reuse.max_updates,
+         f"reuse.min_updates={reuse.min_updates} is above reuse.max_updates={reuse.max_updates}")
+    need(reuse.rule == "fixed" or buf.strategy != "fresh",
+         f"reuse.rule={reuse.rule} decides how often rollouts are reused, but buffer.strategy=fresh uses each "
+         f"once; to reuse only the fresh batch use buffer.strategy=uniform buffer.capacity={rollouts}")
     if buf.strategy == "fresh":  # the window is the fresh batch whatever buffer.capacity says
         need(buf.positive_bias == 0,
              "buffer.strategy=fresh (no-buffer baseline) has no window to bias; set buffer.positive_bias=0")

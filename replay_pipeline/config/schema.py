@@ -397,6 +397,30 @@ class RewardConfig:
 
 
 @dataclass
+class ReuseConfig:
+    """Adaptive reuse (replay_pipeline/reuse.py): how many learner updates a round takes,
+    decided before each update from its own diagnostics. `fixed` (the default) is the paper's
+    constant K = loop.updates_per_step."""
+    rule: str = "fixed"
+    """fixed, grad_spike (a watched group's gradient norm jumps above spike_factor x the round's
+    mean, as DGG), kl_budget (the minibatch's KL(behaviour || current) above kl_budget) or
+    clip_budget (its clipped token fraction above clip_budget)."""
+    max_updates: int = bounded(8, ge=1, integer=True)
+    """The most updates a round draws and may take (replaces loop.updates_per_step unless fixed)."""
+    min_updates: int = bounded(1, ge=1, integer=True)
+    """Updates a round always takes before the rule is asked."""
+    group: str = "output"
+    """grad_spike: the parameters whose gradient norm is watched: `output` (the output
+    embedding, DGG's output layer) or part of a parameter name (e.g. layers.3.mlp)."""
+    spike_factor: float = bounded(2.0, gt=1, finite=True)
+    """grad_spike: how many times the round's mean norm counts as a spike."""
+    kl_budget: float = bounded(0.02, gt=0, finite=True)
+    """kl_budget: the most KL(behaviour || current) (k3, per completion token) an update may see."""
+    clip_budget: float = bounded(0.2, gt=0, le=1)
+    """clip_budget: the largest clipped token fraction an update may have."""
+
+
+@dataclass
 class Config:
     seed: int = 0
     """Seeds model init, sampling and the replay sampler; a run is reproducible from it."""
@@ -419,6 +443,7 @@ class Config:
     loop: LoopConfig = field(default_factory=LoopConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reuse: ReuseConfig = field(default_factory=ReuseConfig)
 
 
 #: The task section's defaults: which fields a task left at them (replay_pipeline.tasks).

@@ -143,7 +143,7 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
     run = TrainingRun(settings=settings, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
                       learner=learner, tables=tables, tracker=tracker, accounting=accounting,
                       sampler=ReplaySampler(tables, b, settings.loop, settings.seed, settings.window_size,
-                                            settings.sampling_rules),
+                                            settings.sampling_rules, updates=settings.updates_drawn),
                       heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage,
                       policy_version=policy_version, start_step=start_step, history=history, reward_terms=terms)
     if settings.async_loop:
@@ -170,10 +170,13 @@ def _kept(run: TrainingRun) -> str:
 
 def _learner(settings: Settings, model: Any, pad_id: int) -> Learner:
     a = settings.algo
-    return Learner(model, objective=a.objective, lr=a.lr, objective_params=dict(settings.objective_params),
-                   kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
-                   max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
-                   betas=(a.adam_beta1, a.adam_beta2), temperature=settings.generator.temperature, pad_id=pad_id)
+    learner = Learner(model, objective=a.objective, lr=a.lr, objective_params=dict(settings.objective_params),
+                      kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
+                      max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
+                      betas=(a.adam_beta1, a.adam_beta2), temperature=settings.generator.temperature, pad_id=pad_id)
+    if settings.reuse.rule == "grad_spike":  # its signal: the watched group's gradient norm
+        learner.watch(settings.reuse.group)
+    return learner
 
 
 def _start_async(run: TrainingRun, mode: str) -> None:

@@ -44,6 +44,7 @@ from replay_pipeline.compute import ComputeLedger
 from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
 from replay_pipeline.generation import Sample
 from replay_pipeline.learner import Learner
+from replay_pipeline.reuse import apply_updates
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import (SEED_EVAL, GeneratedBatch, generate_batch, score_batch, step_prompts,
                                          step_seed, usage_table)
@@ -86,6 +87,8 @@ class TrainingRun:
     """Async loop: the STOP flag and the generator workers' stats."""
     lease: Any = None
     """The run lease this process holds (replay_pipeline/lease.py), given back by `finish`."""
+    last_stop_reason: str | None = None
+    """Adaptive reuse: why the last round stopped taking updates ("cap": it took every one drawn)."""
     reward_terms: list[Any] = field(default_factory=list)
     """The weighted reward terms added to the verifier in training (reward.terms; scoring.RewardTerm)."""
 
@@ -208,7 +211,8 @@ class TrainingRun:
         weights then does not compete with the usage records' commit on the writer thread.)"""
         start = time.perf_counter()
         first_learner_step = self.learner.steps
-        per_step = [self.learner.step(mb) for mb in minibatches]
+        per_step, refused = apply_updates(self.learner, minibatches, self.settings.reuse_policy)
+        minibatches = minibatches[:len(per_step)]  # the applied ones: their rollouts were used
         train_seconds = time.perf_counter() - start
         publish_start = time.perf_counter()
         trained = self.policy_version  # the version these learner steps started from
@@ -239,7 +243,15 @@ class TrainingRun:
         })
         if compacted is not None:
             metrics["buffer/compact_seconds"] = float(compacted)
-        self.ledger.add(train_tokens=metrics.get("learn/tokens", 0.0), train_seconds=train_seconds,
+        metrics.pop("learn/applied", None)
+        if self.settings.reuse_policy.adaptive:
+            metrics["reuse/updates"] = float(len(per_step))
+            metrics["reuse/stopped_by_rule"] = float(refused is not None)
+            metrics["reuse/refused_tokens"] = refused["tokens"] if refused is not None else 0.0
+            self.last_stop_reason = self.learner.refused if refused is not None else "cap"
+        # A refused update's forward and backward pass was computed too: training compute.
+        extra = refused["tokens"] if refused is not None else 0.0
+        self.ledger.add(train_tokens=metrics.get("learn/tokens", 0.0) + extra, train_seconds=train_seconds,
                         train_rollouts=sum(len(mb["rollout_id"]) for mb in minibatches),
                         other_seconds=publish_seconds + record_seconds)
         return metrics
@@ -249,7 +261,7 @@ class TrainingRun:
         stays within loop.replay_cap; returns the seconds waited. Raises if the generators
         have all stopped, or if no rollout arrives for `timeout` seconds."""
         loop = self.settings.loop
-        need = loop.updates_per_step * loop.minibatch_size
+        need = self.settings.updates_drawn * loop.minibatch_size
         start = last_change = time.perf_counter()
         self.tables.wait()  # the previous round's usage records count towards the cap
         last_rows = -1

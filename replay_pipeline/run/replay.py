@@ -32,8 +32,10 @@ class ReplaySampler:
     """Draws a round's minibatches from the window and derives its reuse metrics."""
 
     def __init__(self, tables: RunTables, buffer: Any, loop: Any, seed: int, window_size: int,
-                 rules: SamplingRules, used_through: int = -1):
+                 rules: SamplingRules, used_through: int = -1, updates: int | None = None):
         self.tables = tables
+        self.updates = int(loop.updates_per_step if updates is None else updates)
+        """Minibatches a round draws (reuse.max_updates with adaptive reuse)."""
         self.buffer = buffer
         self.loop = loop
         self.seed = seed
@@ -81,7 +83,7 @@ class ReplaySampler:
             reuse_count=np.asarray([counts.get(int(q), 0) for q in seqs], dtype=np.int64),
             current_version=policy_version)
         rng = np.random.default_rng(step_seed(self.seed, step, SEED_SAMPLER))
-        picks = draw(b.strategy, info, loop.minibatch_size, loop.updates_per_step, rng, self.rules)
+        picks = draw(b.strategy, info, loop.minibatch_size, self.updates, rng, self.rules)
         picks = [p for p in picks if len(p)]  # eligibility ran out: skip, and say so below
         minibatches = []
         if picks:
@@ -99,7 +101,7 @@ class ReplaySampler:
             "buffer/window_correct_frac": float(info.correct.mean()) if info.size else 0.0,
             "buffer/window_staleness_mean": float((policy_version - info.policy_version).mean())
             if info.size else 0.0,
-            "buffer/skipped_updates": float(loop.updates_per_step - len(picks)),
+            "buffer/skipped_updates": float(self.updates - len(picks)),
             "buffer/sample_seconds": time.perf_counter() - start,
         }
 

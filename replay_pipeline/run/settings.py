@@ -5,7 +5,7 @@ The per-round code reads plain attributes (an OmegaConf node costs ~40 us an att
 a round read about forty); nothing can change them mid-run (every section is a frozen
 dataclass, `storage_options` a read-only mapping). Derived values live here and nowhere
 else: rollouts per step (R), the sampler's window size, the target replay ratio K x B / R,
-the chosen objective's hyper-parameters (read off its signature, so a new hyper-parameter of
+the reuse policy and the minibatches a round draws (replay_pipeline/reuse.py), the chosen objective's hyper-parameters (read off its signature, so a new hyper-parameter of
 an objective is a keyword argument of its function and an `algo.*` field of the same name)
 and the sampling rules. `resolved` is the resolved configuration as plain data, for what is
 written (config.yaml, MLflow params, the generator workers' copy) and `config_hash` its hash
@@ -26,6 +26,7 @@ from replay_pipeline.buffer.sampling import SamplingRules, window_for
 from replay_pipeline.config import Config
 from replay_pipeline.objectives import get_objective, objective_param_names
 from replay_pipeline.resume import config_hash
+from replay_pipeline.reuse import ReusePolicy
 
 _FROZEN: dict[type, type] = {}
 
@@ -68,6 +69,7 @@ class Settings:
     loop: Any
     tracking: Any
     reward: Any
+    reuse: Any
     resolved: Mapping[str, Any]
     """The resolved configuration as plain data (read-only), run_id included."""
     config_hash: str
@@ -81,6 +83,11 @@ class Settings:
     objective_params: Mapping[str, float]
     """algo.* values of the hyper-parameters algo.objective declares."""
     sampling_rules: SamplingRules
+    reuse_policy: ReusePolicy
+    """The `reuse` section as replay_pipeline/reuse.py's rules read it."""
+    updates_drawn: int
+    """Minibatches a round draws: loop.updates_per_step, or reuse.max_updates when a reuse rule
+    decides how many of them are applied."""
 
     @property
     def async_loop(self) -> bool:
@@ -109,6 +116,10 @@ def build_settings(cfg: DictConfig, run_id: str, mode: str) -> Settings:
     names = objective_param_names(get_objective(algo.objective))
     rules = SamplingRules(reuse_cap=buf.reuse_cap, max_staleness=buf.max_staleness,
                           recency_half_life=buf.recency_half_life, priority_alpha=buf.priority_alpha)
+    r = typed.reuse
+    policy = ReusePolicy(rule=r.rule, max_updates=r.max_updates, min_updates=r.min_updates,
+                         spike_factor=r.spike_factor, kl_budget=r.kl_budget, clip_budget=r.clip_budget)
+    drawn = r.max_updates if policy.adaptive else loop.updates_per_step
     sections = {f.name: freeze(getattr(typed, f.name)) for f in dataclasses.fields(typed)
                 if dataclasses.is_dataclass(getattr(typed, f.name))}
     return Settings(
@@ -117,4 +128,4 @@ def build_settings(cfg: DictConfig, run_id: str, mode: str) -> Settings:
         window_size=window_for(buf.strategy, buf.capacity, rollouts),
         replay_ratio=loop.updates_per_step * loop.minibatch_size / rollouts,
         objective_params=MappingProxyType({k: getattr(algo, k) for k in names}),
-        sampling_rules=rules)
+        sampling_rules=rules, reuse_policy=policy, updates_drawn=drawn)

@@ -184,7 +184,7 @@ def test_invalid_numbers_exit_2(args, message, capsys):
     (["--mu", "nan"], "is not a finite number"),
     (["--mu", "6.84", "-R", "0"], "'0' is not a positive integer"),
     (["--mu", "6.84", "--minibatch", "2.5"], "'2.5' is not a positive integer"),
-    ([], "one of the arguments --mu --run is required"),
+    ([], "one of the arguments --mu --run --probe is required"),
     (["--mu", "6.84", "--run", RUN], "not allowed with argument"),
 ])
 def test_argument_errors_exit_2(args, message, capsys):
