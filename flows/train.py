@@ -102,7 +102,7 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
-@task(name="setup", **_task)
+@task(name="setup", task_run_name="setup", **_task)
 @_stoppable
 def setup_task(cfg) -> TrainingRun:
     return build_run(cfg, log=_say)
@@ -245,7 +245,22 @@ def failure_line(exc: BaseException) -> str | None:
     return notes[-1][len(FAILURE):] if notes else None
 
 
-@flow(name="train")
+def flow_run_name() -> str:
+    """A train flow run's name in the Prefect UI: the run id its overrides give (`run_id=`, or
+    `resume=`; the CLI always adds one, a sweep's child carries its configuration and seed),
+    else "train" plus the time."""
+    from prefect.runtime import flow_run as current
+
+    named = {}
+    for override in (current.parameters or {}).get("overrides") or []:
+        key, _, value = str(override).lstrip("+").partition("=")
+        if key in ("run_id", "resume") and value and value != "null":
+            named[key] = value
+    return named.get("run_id") or (f"resume-{named['resume']}" if "resume" in named else
+                                   "train-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+
+
+@flow(name="train", flow_run_name=flow_run_name)
 def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
     """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`,
     `resume=<run_id>`, `fork=<run_id>@<step>`). A stop request (Ctrl-C, SIGTERM,

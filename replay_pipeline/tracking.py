@@ -133,6 +133,12 @@ class NullTracker:
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
+#: The experiment tag MLflow 3's UI reads to choose its view, and the value of a model-training
+#: experiment (the runs table and metric charts, not the GenAI traces view).
+EXPERIMENT_KIND = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+
+
 class MlflowTracker:
     @_uninterrupted
     def __init__(self, uri: str, experiment: str, artifact_location: str | Path | None,
@@ -149,6 +155,9 @@ class MlflowTracker:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id
+        if exp is None or exp.tags.get(EXPERIMENT_KIND) != TRAINING_KIND:
+            # MLflow 3 opens an untagged experiment in its GenAI (traces) view, empty for us
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, TRAINING_KIND)
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags or {}))
         self.run_id = run.info.run_id
         self.artifact_uri = run.info.artifact_uri

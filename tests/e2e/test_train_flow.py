@@ -93,9 +93,11 @@ def test_prefect_shows_the_rounds_evaluations_and_checkpoints_as_task_runs(finis
     root, _ = finished_run
     with sqlite3.connect(root / ".prefect" / "prefect.db") as con:  # the ephemeral server's store
         names = [n for (n,) in con.execute("SELECT name FROM task_run ORDER BY expected_start_time")]
+        flows = [n for (n,) in con.execute("SELECT name FROM flow_run")]
     # loop.eval_every=1: an evaluation after every round, so every task holds one round
     assert [n for n in names if n.startswith("rounds-")] == ["rounds-0-0", "rounds-1-1", "rounds-2-2"]
-    assert {"checkpoint-2", "checkpoint-3"} <= set(names) and any(n.startswith("setup") for n in names)
+    assert {"checkpoint-2", "checkpoint-3", "setup"} <= set(names)  # no random suffixes
+    assert flows == ["e2e-replay"]  # the flow run is named after the run id
     assert sum(n.startswith("evaluate-v") for n in names) == STEPS + 1
 
 
@@ -103,6 +105,7 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     root, _ = finished_run
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("replay-pipeline")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3 opens it on its runs
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == "e2e-replay"
     assert run.data.params["algo.lr"] == "3e-05"
