@@ -8,9 +8,22 @@ import sys
 from typing import Any
 
 
+class _TaskInfoOffTheConsole(logging.Filter):
+    """Drops task runs' INFO lines from the console only: the Prefect API (the UI) still gets
+    them, since its handlers sit on Prefect's own loggers, ahead of the root's console one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("prefect.task_runs") and record.levelno < logging.WARNING)
+
+
 def quiet_prefect_task_logs() -> None:
-    """One INFO line per task run would bury the progress bar; task runs are in the UI."""
-    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    """One INFO line per task run would bury the progress bar: the console shows task runs'
+    warnings and errors only, while the flow run's logs in the UI keep every line (the warm
+    start's progress among them: flows/train.py `_say`)."""
+    for handler in logging.getLogger().handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler" and not any(
+                isinstance(f, _TaskInfoOffTheConsole) for f in handler.filters):
+            handler.addFilter(_TaskInfoOffTheConsole())
 
 
 class Progress:

@@ -55,10 +55,11 @@ from uuid import UUID
 
 import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
 from omegaconf import OmegaConf
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.exceptions import ExternalSignal
+from prefect.exceptions import ExternalSignal, MissingContextError
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, State
 from prefect.utilities.annotations import quote
@@ -98,8 +99,36 @@ def _stoppable(body):
 
 
 def _say(message: str) -> None:
-    # Warm-start progress goes to the terminal: task-run INFO logs are silenced for the bar.
+    """Set-up progress (the warm start's among it): printed for the terminal (task runs' INFO
+    lines are kept off the console for the progress bar) and logged to the task run, so the
+    Prefect UI shows it too."""
     print(message, flush=True)
+    try:
+        get_run_logger().info(message)
+    except MissingContextError:  # called outside a flow or task run
+        pass
+
+
+def _announce(run: TrainingRun) -> None:
+    """The run's identity in the flow run's logs: run id, its MLflow run and how to resume."""
+    tracker = run.tracker
+    where = getattr(tracker, "uri", None)
+    experiment = getattr(tracker, "experiment_id", None)
+    link = (f"MLflow {where.rstrip('/')}/#/experiments/{experiment}/runs/{tracker.run_id}"
+            if where and where.startswith("http") and experiment else f"MLflow run {tracker.run_id} at {where}")
+    get_run_logger().info(f"run {run.run_id} ({run.lineage.get('mode', 'new')}) under {run.paths.root}; {link}; "
+                          f"{resume_hint(run.run_id)}")
+
+
+def _report(run: TrainingRun, summary: dict[str, Any]) -> None:
+    """The closing summary in the flow run's logs, as a markdown artifact, and as the MLflow
+    run's description (its one paragraph on the run page)."""
+    text = summary_text(summary).strip()
+    get_run_logger().info(text)
+    key = "summary-" + "".join(c if c.isalnum() else "-" for c in run.run_id.lower())
+    create_markdown_artifact(markdown="```\n" + text + "\n```", key=key[:100],
+                             description=f"run {run.run_id}: the summary flows.train prints")
+    run.tracker.set_tags({"mlflow.note.content": text})
 
 
 @task(name="setup", task_run_name="setup", **_task)
@@ -280,6 +309,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
                           "while it was being built")
         if isinstance(run, State):  # stopped while it was being built: nothing to finish
             return Cancelled(message=f"{run.message}; {resume_hint(cfg.resume or cfg.run_id)}")
+        _announce(run)
         loop = run.settings.loop
         status = "FAILED"
         progress = Progress(run, enabled=run.settings.tracking.progress)
@@ -307,6 +337,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
             if status == "FINISHED":
                 run.log_final_model()
             run.tracker.log_dict(summary, "summary.json")
+            _report(run, summary)
             if failure is not None:  # before finish(): the artifact goes to the open MLflow run
                 _failed(run.paths, failure, f"at step {run.policy_version} of {loop.steps}", run.tracker)
             run.finish(status)

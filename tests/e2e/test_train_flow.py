@@ -94,10 +94,16 @@ def test_prefect_shows_the_rounds_evaluations_and_checkpoints_as_task_runs(finis
     with sqlite3.connect(root / ".prefect" / "prefect.db") as con:  # the ephemeral server's store
         names = [n for (n,) in con.execute("SELECT name FROM task_run ORDER BY expected_start_time")]
         flows = [n for (n,) in con.execute("SELECT name FROM flow_run")]
+        logs = "\n".join(m for (m,) in con.execute("SELECT message FROM log"))
+        artifacts = {k: d for k, d in con.execute("SELECT key, data FROM artifact")}
     # loop.eval_every=1: an evaluation after every round, so every task holds one round
     assert [n for n in names if n.startswith("rounds-")] == ["rounds-0-0", "rounds-1-1", "rounds-2-2"]
     assert {"checkpoint-2", "checkpoint-3", "setup"} <= set(names)  # no random suffixes
     assert flows == ["e2e-replay"]  # the flow run is named after the run id
+    # The run's story in the flow run's logs and artifacts: its id, MLflow run, the summary.
+    assert "run e2e-replay (new) under" in logs and "resume with: python -m flows.train resume=e2e-replay" in logs
+    assert "Run e2e-replay finished" in logs and "held-out accuracy" in logs
+    assert "Run e2e-replay finished" in artifacts["summary-e2e-replay"]
     assert sum(n.startswith("evaluate-v") for n in names) == STEPS + 1
 
 
@@ -107,6 +113,7 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     exp = client.get_experiment_by_name("replay-pipeline")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3 opens it on its runs
     (run,) = client.search_runs([exp.experiment_id])
+    assert run.data.tags["mlflow.note.content"].startswith("Run e2e-replay finished")  # the run page's description
     assert run.info.status == "FINISHED" and run.info.run_name == "e2e-replay"
     assert run.data.params["algo.lr"] == "3e-05"
     assert run.data.params["buffer.capacity"] == "32"
