@@ -33,6 +33,7 @@ Decisions:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -144,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for name, deployment_id in ids.items():
         print(f"deployment {name}/{name} ({deployment_id}) on work pool {args.pool}")
+    # The deployment's defaults stay in the hint: --param replaces the whole list.
+    launch = json.dumps([*args.train_overrides, "loop.steps=100"])
     print(f"start a worker: prefect worker start --pool {args.pool}\n"
-          f"launch a run:   prefect deployment run train/train --param overrides='[\"loop.steps=100\"]'")
+          f"launch a run:   prefect deployment run train/train --param overrides='{launch}'")
     return 0
 
 

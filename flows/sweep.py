@@ -404,7 +404,7 @@ def _best(parent, record: dict[str, Any], baseline: str, log) -> str | None:
     return (summary.get("best") or {}).get("config")
 
 
-@flow(name="sweep")
+@flow(name="sweep", flow_run_name="sweep-{name}")
 def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None = None,
           overrides: list[str] | None = None, name: str = "sweep", grid: str | None = None,
           lr_factors: list[float] | None = None, baseline: str = DEFAULT_BASELINE, report: bool = True,
@@ -446,6 +446,11 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
     parent.log_dict(out, "sweep.json")
     if report and baseline in configs:
         out["report"] = _report(parent, baseline, mu, overrides)
+    elif report:  # said, not skipped in silence: every ratio of the report is against the baseline
+        print(f"no report: no configuration is named {baseline!r}, the baseline every ratio is taken against; "
+              f"name one of {sorted(configs)} with --baseline NAME, or add the on-policy baseline "
+              f"(--config {baseline}=experiment=no_buffer), then: python -m flows.report {parent.run_id} "
+              "--baseline NAME", file=sys.stderr, flush=True)
     parent.finish("FAILED" if failed else "FINISHED")
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} sweep children failed: "

@@ -47,3 +47,14 @@ def test_a_sweep_runs_its_configurations_then_the_learning_rate_stage_then_the_r
     report = json.loads(open(client.download_artifacts(parent.info.run_id, "report/report.json", str(tmp_path))).read())
     assert set(report["configs"]) == expected
     assert "report:" in proc.stdout and parent.info.status == "FINISHED"
+
+
+def test_a_sweep_without_its_baseline_runs_and_says_why_it_makes_no_report(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")}
+    cmd = [sys.executable, "-m", "flows.sweep", "--name", "alone", "--seeds", "0", "--lr-factors", "",
+           "--config", "replay=experiment=replay,buffer.capacity=32", f"tracking.root_dir={tmp_path}", *TINY_OVERRIDES,
+           "loop.steps=2", "loop.eval_every=1", "loop.passk_every=0", "loop.checkpoint_every=0"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "no report: no configuration is named 'no_buffer', the baseline every ratio is taken against" in proc.stderr
+    assert "--baseline NAME" in proc.stderr
