@@ -47,6 +47,7 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import time
 import traceback
 from datetime import datetime, timezone
@@ -77,6 +78,7 @@ from replay_pipeline.run.lineage import note_flow_run
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import check_start_point, preflight
 from replay_pipeline.run.workers import run_worker_process
+from replay_pipeline.run_plots import run_plots
 from replay_pipeline.runs import RunPaths
 from flows.prefect_server import temporary_server
 from flows.usage import answer_early, command_line, say
@@ -129,6 +131,12 @@ def _report(run: TrainingRun, summary: dict[str, Any]) -> None:
     create_markdown_artifact(markdown="```\n" + text + "\n```", key=key[:100],
                              description=f"run {run.run_id}: the summary flows.train prints")
     run.tracker.set_tags({"mlflow.note.content": text})
+    client = getattr(run.tracker, "client", None)
+    if client is not None:  # its own plots, on the run's page (a sweep's report compares runs)
+        run.tracker.flush()
+        with tempfile.TemporaryDirectory() as folder:
+            if run_plots(client, run.tracker.run_id, folder, title=run.run_id):
+                run.tracker.log_artifacts(folder, "plots")
 
 
 @task(name="setup", task_run_name="setup", **_task)
@@ -278,10 +286,8 @@ def flow_run_name() -> str:
     """A train flow run's name in the Prefect UI: the run id its overrides give (`run_id=`, or
     `resume=`; the CLI always adds one, a sweep's child carries its configuration and seed),
     else "train" plus the time."""
-    from prefect.runtime import flow_run as current
-
     named = {}
-    for override in (current.parameters or {}).get("overrides") or []:
+    for override in (flow_run.parameters or {}).get("overrides") or []:
         key, _, value = str(override).lstrip("+").partition("=")
         if key in ("run_id", "resume") and value and value != "null":
             named[key] = value

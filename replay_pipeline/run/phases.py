@@ -331,6 +331,8 @@ class TrainingRun:
                                before_rename=lambda tmp: faults.crash_point("checkpoint_write", step))
         faults.crash_point("after_checkpoint", step)
         self.tracker.set_tags({"checkpoint.latest": str(path), "checkpoint.latest_step": str(step)})
+        # The buffer this checkpoint saw, as the run's dataset input (source: Lance URI and version).
+        self.tracker.log_dataset(self.store.table_name, self.store.uri, versions[self.store.table_name], self.window_end)
         self.tracker.log_text(json_dumps({k: v for k, v in state.items() if k != "rng"} | {"step": step, "path": str(path)}),
                               f"checkpoints/{tag}.json")
         return path

@@ -114,6 +114,12 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3 opens it on its runs
     (run,) = client.search_runs([exp.experiment_id])
     assert run.data.tags["mlflow.note.content"].startswith("Run e2e-replay finished")  # the run page's description
+    # The buffer at each checkpoint as a dataset input (Lance URI and version), the run's own plots.
+    inputs = client.get_run(run.info.run_id).inputs.dataset_inputs
+    assert {d.dataset.name for d in inputs} == {"rollouts_e2e-replay"} and len({d.dataset.digest for d in inputs}) == 2
+    assert all(json.loads(d.dataset.source)["uri"].endswith("lancedb") for d in inputs)
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {
+        "plots/accuracy_vs_tokens.png", "plots/reward_entropy.png"}
     assert run.info.status == "FINISHED" and run.info.run_name == "e2e-replay"
     assert run.data.params["algo.lr"] == "3e-05"
     assert run.data.params["buffer.capacity"] == "32"
