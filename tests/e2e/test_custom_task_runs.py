@@ -1,6 +1,6 @@
 """Your own task by import path (issue 23 item 1): a task file outside the project, named by
 task.target, trains with `python -m flows.train`, resumes (the target re-imported from the
-run's config.yaml), runs in the async loop's generator processes and in `flows.evaluate`;
+run's config.yaml), forks, runs in the async loop's generator processes and in `flows.evaluate`;
 a weighted reward term (reward.terms) is added in the generator process too; a resume whose
 task file is gone is refused before any work, naming it."""
 
@@ -40,6 +40,10 @@ def test_a_task_file_outside_the_project_trains_resumes_and_runs_in_generator_pr
     more = train(tmp_path, "resume=mine", "loop.steps=5")  # re-imported from config.yaml
     assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
     assert RolloutStore.open(tmp_path / "lancedb", "mine").count() == 5 * 16
+    forked = train(tmp_path, "fork=mine@4", "run_id=mine-fork", "loop.steps=5")  # and from the source's
+    assert forked.returncode == 0, forked.stdout[-3000:] + forked.stderr[-3000:]
+    fork_rows = RolloutStore.open(tmp_path / "lancedb", "mine-fork").window(1000, columns=["prompt", "run_id"])
+    assert fork_rows.num_rows == 5 * 16 and all(p.count("+") == 2 for p in fork_rows.column("prompt").to_pylist())
 
     evaluated = subprocess.run([sys.executable, "-m", "flows.evaluate", "mine", f"--root={tmp_path}", "--n=2"],
                                cwd=ROOT, capture_output=True, text=True, timeout=600,

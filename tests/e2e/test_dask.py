@@ -294,3 +294,21 @@ def test_an_unreachable_scheduler_fails_the_command_before_any_work(tmp_path):
     assert f"loop.dask_address={address}: cannot connect" in proc.stderr
     assert "dask scheduler" in proc.stderr and "dask worker" in proc.stderr  # says how to fix it
     assert not (tmp_path / "dask-none").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_custom_task_and_a_reward_term_by_file_path_run_in_dask_workers(root, tmp_path):
+    """Issue 23: the task file and the reward term's file are imported again in the Dask
+    worker's process from the run's config (recorded absolute), so a user's task works there."""
+    task_file = tmp_path / "digits.py"
+    task_file.write_text((ROOT / "replay_pipeline" / "tasks" / "template.py").read_text())
+    bonus = tmp_path / "bonus.py"
+    bonus.write_text("def half(prompt, completion, finish_reason):\n    return 0.5\n")
+    proc = start(root, "dask-custom", 2, "loop.workers=1", "task=custom", f"task.target={task_file}:make_task",
+                 "task.digits=3", "task.heldout_size=20", "task.validation_size=20", "model.warmstart.target_accuracy=0.0",
+                 f"+reward.terms.half.target={bonus}:half")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert read_stats(root, "dask-custom", 0)["engine"] == "dask"
+    rows = RolloutStore.open(root / "lancedb", "dask-custom").window(1000, columns=["prompt", "reward", "correct"])
+    assert all(p.count("+") == 2 for p in rows.column("prompt").to_pylist())  # the template's prompts
+    assert [r - 0.5 for r in rows.column("reward").to_pylist()] == [float(c) for c in rows.column("correct").to_pylist()]
