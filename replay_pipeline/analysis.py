@@ -321,7 +321,8 @@ def run_info(uri: str | Path, run_id: str, *, storage_options: Mapping[str, str]
 
 
 # ------------------------------------------------------------------ rollouts
-def _rollout_where(versions, steps, reward_min, reward_max, correct) -> str | None:
+def rollout_where(versions, steps, reward_min, reward_max, correct) -> str | None:
+    """The Lance SQL filter of the rollout filters (None: no filter); ValueError for bad values."""
     versions = _range("versions", versions)
     steps = _range("steps", steps)
     reward_min = _number("reward_min", reward_min)
@@ -408,7 +409,7 @@ def rollouts(
     ``columns`` picks columns (any rollout column and ``reuse_count``); default all of them.
     ``limit`` keeps the first rows by ``seq``.
     """
-    where = _rollout_where(versions, steps, reward_min, reward_max, correct)
+    where = rollout_where(versions, steps, reward_min, reward_max, correct)
     reuse = _reuse_bounds(min_reuse, max_reuse)
     limit = _limit(limit)
     run = _Run(uri, run_id, storage_options)
@@ -433,7 +434,7 @@ def count_rollouts(
 
     Without a reuse filter this is Lance's ``count_rows(where)``, which reads no rows.
     """
-    where = _rollout_where(versions, steps, reward_min, reward_max, correct)
+    where = rollout_where(versions, steps, reward_min, reward_max, correct)
     reuse = _reuse_bounds(min_reuse, max_reuse)
     run = _Run(uri, run_id, storage_options)
     if reuse == (None, None):

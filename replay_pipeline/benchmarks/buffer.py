@@ -98,6 +98,8 @@ class SyntheticRollouts:
             "num_tokens": pa.array(np.full(n, self.tokens, np.int32)),
             "seed": pa.array(np.full(n, step, np.int64)),
             "created_at": pa.array(np.full(n, np.datetime64("2026-01-01", "us")), pa.timestamp("us", tz="UTC")),
+            "temperature": pa.array(np.full(n, 1.0), ROLLOUT_SCHEMA.field("temperature").type),
+            "top_p": pa.array(np.full(n, 1.0), ROLLOUT_SCHEMA.field("top_p").type),
         }
         return pa.Table.from_pydict(cols, schema=ROLLOUT_SCHEMA)
 
