@@ -67,7 +67,7 @@ def runs(root: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _tables(root: str | Path, run_id: str) -> tuple[RolloutStore, UsageStore | None]:
+def tables(root: str | Path, run_id: str) -> tuple[RolloutStore, UsageStore | None]:
     paths = RunPaths.make(root, run_id)
     info = read_run_info(root, run_id) if paths.run_dir.is_dir() else {}
     uri = info.get("lancedb_uri") or str(paths.lancedb)
@@ -82,7 +82,7 @@ def _tables(root: str | Path, run_id: str) -> tuple[RolloutStore, UsageStore | N
     return store, usage
 
 
-def _read(store: Any, where: str | None, columns: list[str] | None, tag: str | None) -> pa.Table:
+def read(store: Any, where: str | None, columns: list[str] | None, tag: str | None) -> pa.Table:
     """Rows of the table (at `tag`'s version if given) matching the Lance SQL `where`, only
     `columns`, sorted by seq when it has one; ViewError naming what is wrong."""
     try:
@@ -102,21 +102,21 @@ def _read(store: Any, where: str | None, columns: list[str] | None, tag: str | N
 
 
 def tags(root: str | Path, run_id: str) -> dict[str, int]:
-    store, _ = _tables(root, run_id)
+    store, _ = tables(root, run_id)
     return store.tags()
 
 
 def series(root: str | Path, run_id: str, tag: str | None = None) -> dict[str, Any]:
     """Per generation step: rollouts, mean reward, fraction correct; per step of use: mean
     staleness and mean reuse so far; held-out accuracy by step from MLflow (when it has it)."""
-    store, usage = _tables(root, run_id)
-    rows = _read(store, None, ["step", "reward", "correct"], tag)
+    store, usage = tables(root, run_id)
+    rows = read(store, None, ["step", "reward", "correct"], tag)
     by = rows.group_by("step").aggregate([("reward", "mean"), ("correct", "mean"), ("step", "count")]).sort_by("step")
     out: dict[str, Any] = {"steps": by["step"].to_pylist(), "reward": by["reward_mean"].to_pylist(),
                            "correct": [float(v) for v in by["correct_mean"].to_pylist()],
                            "rollouts": int(rows.num_rows), "version": store.version if tag is None else store.tags()[tag]}
     if usage is not None:
-        used = _read(usage, None, ["step", "staleness", "rollout_seq"], tag)
+        used = read(usage, None, ["step", "staleness", "rollout_seq"], tag)
         if used.num_rows:
             st = used.group_by("step").aggregate([("staleness", "mean"), ("step", "count")]).sort_by("step")
             out["use_steps"] = st["step"].to_pylist()
@@ -160,8 +160,8 @@ def _heldout(root: str | Path, run_id: str) -> list[tuple[int, float]]:
 
 def groups(root: str | Path, run_id: str, step: int, tag: str | None = None) -> list[dict[str, Any]]:
     """Generation step `step`'s groups: each member's reward, frozen advantage, correctness."""
-    store, _ = _tables(root, run_id)
-    rows = _read(store, f"step = {int(step)}", [*LIGHT, "prompt", "completion"], tag)
+    store, _ = tables(root, run_id)
+    rows = read(store, f"step = {int(step)}", [*LIGHT, "prompt", "completion"], tag)
     out: dict[str, dict[str, Any]] = {}
     for r in rows.to_pylist():
         g = out.setdefault(r["group_id"], {"group_id": r["group_id"], "prompt": r["prompt"], "members": []})
@@ -174,15 +174,15 @@ def groups(root: str | Path, run_id: str, step: int, tag: str | None = None) -> 
 
 def rollout(root: str | Path, run_id: str, rollout_id: str, tokenizer: Any = None) -> dict[str, Any]:
     """One rollout: its row, its completion as tokens with behaviour log-probs, and its uses."""
-    store, usage = _tables(root, run_id)
-    rows = _read(store, f"rollout_id = {sql_str(rollout_id)}", None, None)
+    store, usage = tables(root, run_id)
+    rows = read(store, f"rollout_id = {sql_str(rollout_id)}", None, None)
     if rows.num_rows == 0:
         raise ViewError(f"run {run_id} has no rollout {rollout_id!r}")
     row = rows.to_pylist()[0]
     ids, lps = row["completion_ids"] or [], row["behaviour_logprobs"] or []
     texts = [tokenizer.decode([t]) for t in ids] if tokenizer is not None else [str(t) for t in ids]
     row["tokens"] = [{"id": t, "text": x, "logprob": lp, "p": math.exp(lp)} for t, x, lp in zip(ids, texts, lps)]
-    uses = _read(usage, f"rollout_id = {sql_str(rollout_id)}", ["learner_step", "step", "policy_version", "staleness"],
+    uses = read(usage, f"rollout_id = {sql_str(rollout_id)}", ["learner_step", "step", "policy_version", "staleness"],
                  None).to_pylist() if usage is not None else []
     row["uses"] = sorted(uses, key=lambda u: u["learner_step"])
     row["reuse_count"] = len(uses)
@@ -195,7 +195,7 @@ def page(root: str | Path, run_id: str, *, versions: tuple[int | None, int | Non
     """A page of at most `size` rollouts with seq >= `start` that pass the filters (policy
     version range, correctness pushed down; reuse counted from the usage table for the page's
     candidates), and where the next page starts."""
-    store, usage = _tables(root, run_id)
+    store, usage = tables(root, run_id)
     try:
         chosen = rollout_where(versions if versions != (None, None) else None, None, None, None, correct)
     except ValueError as exc:
@@ -204,12 +204,12 @@ def page(root: str | Path, run_id: str, *, versions: tuple[int | None, int | Non
     clause = " AND ".join(where)
     # The matching seqs first (one light column, the filter pushed down), then their rows a
     # chunk at a time, until the page is full after the reuse filter.
-    candidates = np.sort(_read(store, clause, ["seq"], tag).column("seq").to_numpy())
+    candidates = np.sort(read(store, clause, ["seq"], tag).column("seq").to_numpy())
     found: list[dict[str, Any]] = []
     chunk = max(4 * size, 256)
     for at in range(0, len(candidates), chunk):
         part = candidates[at:at + chunk]
-        rows = _read(store, f"{clause} AND seq >= {int(part[0])} AND seq <= {int(part[-1])}", LIGHT, tag)
+        rows = read(store, f"{clause} AND seq >= {int(part[0])} AND seq <= {int(part[-1])}", LIGHT, tag)
         counts = _reuse(usage, rows.column("seq").to_pylist(), tag) if rows.num_rows else {}
         for r in rows.to_pylist():
             r["reuse_count"] = counts.get(r["seq"], 0)
@@ -226,7 +226,7 @@ def page(root: str | Path, run_id: str, *, versions: tuple[int | None, int | Non
 def _reuse(usage: UsageStore | None, seqs: list[int], tag: str | None) -> dict[int, int]:
     if usage is None or not seqs:
         return {}
-    used = _read(usage, f"rollout_seq >= {min(seqs)} AND rollout_seq <= {max(seqs)}", ["rollout_seq"], tag)
+    used = read(usage, f"rollout_seq >= {min(seqs)} AND rollout_seq <= {max(seqs)}", ["rollout_seq"], tag)
     values, counts = np.unique(used.column("rollout_seq").to_numpy(), return_counts=True)
     return dict(zip(values.tolist(), counts.tolist()))
 
