@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -121,25 +120,16 @@ def series(root: str | Path, run_id: str, tag: str | None = None) -> dict[str, A
             st = used.group_by("step").aggregate([("staleness", "mean"), ("step", "count")]).sort_by("step")
             out["use_steps"] = st["step"].to_pylist()
             out["staleness"] = st["staleness_mean"].to_pylist()
-            seen: dict[int, int] = defaultdict(int)  # uses per rollout through each step
-            reuse = []
-            for step, group in _by_step(used):
-                for q in group:
-                    seen[q] += 1
-                reuse.append(float(np.mean(list(seen.values()))))
-            out["reuse"] = reuse
+            # Mean uses per used rollout through each step: cumulative uses over cumulative
+            # distinct rollouts used (each counted from the step of its first use), vectorised.
+            steps = np.asarray(out["use_steps"], dtype=np.int64)
+            uses = np.cumsum(st["step_count"].to_numpy())
+            first = used.group_by("rollout_seq").aggregate([("step", "min")]).column("step_min").to_numpy()
+            firsts = np.cumsum(np.bincount(np.searchsorted(steps, first), minlength=len(steps)))
+            out["reuse"] = (uses / np.maximum(firsts, 1)).tolist()
         out["usage_records"] = int(used.num_rows)
     out["accuracy"] = _heldout(root, run_id)
     return out
-
-
-def _by_step(used: pa.Table):
-    steps = used.column("step").to_numpy()
-    seqs = used.column("rollout_seq").to_numpy()
-    order = np.argsort(steps, kind="stable")
-    steps, seqs = steps[order], seqs[order]
-    for s in np.unique(steps):
-        yield int(s), seqs[steps == s].tolist()
 
 
 def _heldout(root: str | Path, run_id: str) -> list[tuple[int, float]]:
