@@ -8,11 +8,18 @@ import sys
 from typing import Any
 
 
+#: `extra` of a log call whose line is for the Prefect UI only (the terminal prints its own).
+UI_ONLY = {"replay_pipeline_ui_only": True}
+
+
 class _TaskInfoOffTheConsole(logging.Filter):
-    """Drops task runs' INFO lines from the console only: the Prefect API (the UI) still gets
-    them, since its handlers sit on Prefect's own loggers, ahead of the root's console one."""
+    """Drops task runs' INFO lines, and lines logged with `extra=UI_ONLY`, from the console
+    only: the Prefect API (the UI) still gets them, since its handlers sit on Prefect's own
+    loggers, ahead of the root's console one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "replay_pipeline_ui_only", False):
+            return False
         return not (record.name.startswith("prefect.task_runs") and record.levelno < logging.WARNING)
 
 

@@ -82,7 +82,7 @@ from replay_pipeline.run_plots import run_plots
 from replay_pipeline.runs import RunPaths
 from flows.prefect_server import temporary_server
 from flows.usage import answer_early, command_line, say
-from flows.progress import Progress, quiet_prefect_task_logs, summary_text
+from flows.progress import UI_ONLY, Progress, quiet_prefect_task_logs, summary_text
 
 _task = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -106,7 +106,7 @@ def _say(message: str) -> None:
     Prefect UI shows it too."""
     print(message, flush=True)
     try:
-        get_run_logger().info(message)
+        get_run_logger().info(message, extra=UI_ONLY)  # printed above for the terminal
     except MissingContextError:  # called outside a flow or task run
         pass
 
@@ -119,14 +119,14 @@ def _announce(run: TrainingRun) -> None:
     link = (f"MLflow {where.rstrip('/')}/#/experiments/{experiment}/runs/{tracker.run_id}"
             if where and where.startswith("http") and experiment else f"MLflow run {tracker.run_id} at {where}")
     get_run_logger().info(f"run {run.run_id} ({run.lineage.get('mode', 'new')}) under {run.paths.root}; {link}; "
-                          f"{resume_hint(run.run_id)}")
+                          f"{resume_hint(run.run_id)}", extra=UI_ONLY)  # the CLI printed its own first line
 
 
 def _report(run: TrainingRun, summary: dict[str, Any]) -> None:
     """The closing summary in the flow run's logs, as a markdown artifact, and as the MLflow
     run's description (its one paragraph on the run page)."""
     text = summary_text(summary).strip()
-    get_run_logger().info(text)
+    get_run_logger().info(text, extra=UI_ONLY)  # the CLI prints it at the end
     key = "summary-" + "".join(c if c.isalnum() else "-" for c in run.run_id.lower())
     create_markdown_artifact(markdown="```\n" + text + "\n```", key=key[:100],
                              description=f"run {run.run_id}: the summary flows.train prints")
