@@ -79,5 +79,9 @@ def summary_text(s: dict[str, Any]) -> str:
         f"generation {s['gen_seconds']:.0f} s + training {s['train_seconds']:.0f} s, mu {s['mu']:.2f}",
     ]
     if s.get("mlflow_uri", "").startswith("sqlite:///"):
-        lines.append(f"  open the MLflow UI: mlflow ui --backend-store-uri {s['mlflow_uri']}")
+        # MLflow 3 opens on its GenAI view unless told the workflow (the experiment's tag alone
+        # does not switch it): the link says so.
+        lines.append(f"  open the MLflow UI: mlflow ui --backend-store-uri {s['mlflow_uri']}, then "
+                     f"http://127.0.0.1:5000/#/experiments/{s.get('experiment_id', '0')}/runs/{s['mlflow_run_id']}"
+                     f"?workflowType=machine_learning")
     return "\n".join(lines)

@@ -116,7 +116,7 @@ def _announce(run: TrainingRun) -> None:
     tracker = run.tracker
     where = getattr(tracker, "uri", None)
     experiment = getattr(tracker, "experiment_id", None)
-    link = (f"MLflow {where.rstrip('/')}/#/experiments/{experiment}/runs/{tracker.run_id}"
+    link = (f"MLflow {where.rstrip('/')}/#/experiments/{experiment}/runs/{tracker.run_id}?workflowType=machine_learning"
             if where and where.startswith("http") and experiment else f"MLflow run {tracker.run_id} at {where}")
     get_run_logger().info(f"run {run.run_id} ({run.lineage.get('mode', 'new')}) under {run.paths.root}; {link}; "
                           f"{resume_hint(run.run_id)}", extra=UI_ONLY)  # the CLI printed its own first line

@@ -364,6 +364,7 @@ class TrainingRun:
             rollouts_stored=self.store.count(), rollout_table=self.store.table_name,
             lancedb_uri=str(self.store.uri), mlflow_run_id=self.tracker.run_id,
             mlflow_uri=self.tracker.uri or "", experiment=self.settings.tracking.experiment,
+            experiment_id=str(getattr(self.tracker, "experiment_id", "") or ""),
             checkpoint_dir=str(self.paths.checkpoints), run_dir=str(self.paths.run_dir),
             policy=self.policy_info)
 
