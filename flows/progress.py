@@ -27,10 +27,15 @@ def quiet_prefect_task_logs() -> None:
     """One INFO line per task run would bury the progress bar: the console shows task runs'
     warnings and errors only, while the flow run's logs in the UI keep every line (the warm
     start's progress among them: flows/train.py `_say`)."""
+    filter_console(_TaskInfoOffTheConsole)
+
+
+def filter_console(kind: type[logging.Filter]) -> None:
+    """Add a filter of class `kind` to Prefect's console handler (on the root logger), once:
+    it shapes what the terminal shows, never what the Prefect API (the UI) receives."""
     for handler in logging.getLogger().handlers:
-        if type(handler).__name__ == "PrefectConsoleHandler" and not any(
-                isinstance(f, _TaskInfoOffTheConsole) for f in handler.filters):
-            handler.addFilter(_TaskInfoOffTheConsole())
+        if type(handler).__name__ == "PrefectConsoleHandler" and not any(isinstance(f, kind) for f in handler.filters):
+            handler.addFilter(kind())
 
 
 class Progress:

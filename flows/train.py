@@ -82,7 +82,7 @@ from replay_pipeline.run_plots import run_plots
 from replay_pipeline.runs import RunPaths
 from flows.prefect_server import temporary_server
 from flows.usage import answer_early, command_line, say
-from flows.progress import UI_ONLY, Progress, quiet_prefect_task_logs, summary_text
+from flows.progress import UI_ONLY, Progress, filter_console, quiet_prefect_task_logs, summary_text
 
 _task = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -238,13 +238,6 @@ class _NoTracebacksOnTheConsole(logging.Filter):
         return True
 
 
-def _quiet_console_tracebacks() -> None:
-    for handler in logging.getLogger().handlers:
-        if type(handler).__name__ == "PrefectConsoleHandler" and not any(
-                isinstance(f, _NoTracebacksOnTheConsole) for f in handler.filters):
-            handler.addFilter(_NoTracebacksOnTheConsole())
-
-
 def _failed(paths: RunPaths, exc: BaseException, where: str, tracker: Any = None) -> BaseException:
     """An unexpected error: its traceback appended to <run_dir>/errors.log (and the MLflow run's
     artifacts), and the one line the CLI prints added to it as a note (`failure_line`); the
@@ -306,7 +299,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
         cfg.run_id = run_mode(cfg)[1]  # one id for run.json's flow runs and the run itself
     with stopping.installed():  # over Prefect's own SIGTERM handler, for the flow's body
         quiet_prefect_task_logs()
-        _quiet_console_tracebacks()
+        filter_console(_NoTracebacksOnTheConsole)
         _close_stale_flow_runs(cfg)
         try:
             run = setup_task(cfg) if stopping.requested() is None else Cancelled(message="stopped before the start")
