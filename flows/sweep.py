@@ -140,6 +140,18 @@ _ONPOLICY_PRIO = ["experiment=replay", "buffer.strategy=prioritized", "buffer.ca
 #: Confirmation seeds of the headline and long grids: never used to choose a configuration.
 _CONFIRMATION = list(range(10, 20))
 
+#: The adaptive grid's chosen rule (its selection stage, seeds 0-3: the only rule within 5% of
+#: the static configuration's generated tokens to the baseline's peak).
+_ADAPT_KL005 = ["reuse.max_updates=4", "reuse.rule=kl_budget", "reuse.kl_budget=0.005"]
+
+#: The planner's recommendation from measured alpha and rho (see "adaptive-confirm").
+_PLAN_MEASURED = ["buffer.capacity=1376", "loop.updates_per_step=2"]
+
+#: Where the adaptive confirmation's configurations were chosen: never on its seeds.
+_ADAPT_SELECTION = {"seeds": [0, 1, 2, 3], "chosen_on": "the adaptive grid's selection stage (GRIDS['adaptive'], "
+                    "seeds 0-3) and the planner's measurement on the static configuration's seed-0 run",
+                    "configs_tried": 7, "variants_tried": 0}
+
 #: The built-in grids, by name (`--grid`).
 GRIDS: dict[str, Grid] = {
     "default": _DEFAULT,
@@ -205,6 +217,39 @@ GRIDS: dict[str, Grid] = {
         about="adaptive reuse, selection stage: three rules at two thresholds (one for clip_budget), up to 4 "
               "updates a round on the best static configuration's design, against it and the baseline, "
               "selection seeds 0-3"),
+    # Adaptive reuse, its confirmation (issue 24): the selection stage's best rule (kl_budget
+    # 0.005, the adaptive grid's seeds 0-3) and the planner's recommendation from alpha and rho
+    # measured on the static configuration's seed-0 run (`python -m flows.plan --run <seed-0 run>
+    # --measure`: alpha -0.585, planned at 0.01, rho 0.160, mu 1.02 -> buffer.capacity=1376
+    # loop.updates_per_step=2), against the best static configuration, the baseline and both
+    # controls of the evidence protocol, on the confirmation seeds 10-19.
+    "adaptive-confirm": Grid(
+        configs={"no_buffer": ["experiment=no_buffer"],
+                 "posbias_prio512_r32_b32": _DEFAULT.configs["posbias_prio512_r32_b32"],
+                 "adapt_kl005": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_ADAPT_KL005],
+                 "plan_measured": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_PLAN_MEASURED],
+                 "no_buffer_r32": _DEFAULT.configs["no_buffer_r32"],
+                 "onpolicy_prio_r32_b32": _ONPOLICY_PRIO},
+        seeds=_CONFIRMATION,
+        overrides=_shared(100),
+        lr_factors=[],
+        selection=_ADAPT_SELECTION,
+        about="adaptive reuse (kl_budget 0.005) and the planner's measured plan against the best static "
+              "configuration, the baseline and both controls, 10 confirmation seeds (10-19)"),
+    # The same at three times the budget (300 baseline steps), the rule and the static
+    # configuration against the baseline only, on seeds 10-14: a 3x run takes about 3.5 min at
+    # one thread here, so 10 seeds and the controls (about 2.5 h) did not fit the session that
+    # ran it; the long grid has the controls at 3x on seeds 10-19.
+    "adaptive-long": Grid(
+        configs={"no_buffer": ["experiment=no_buffer"],
+                 "posbias_prio512_r32_b32": _DEFAULT.configs["posbias_prio512_r32_b32"],
+                 "adapt_kl005": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_ADAPT_KL005]},
+        seeds=_CONFIRMATION[:5],
+        overrides=_shared(300),
+        lr_factors=[],
+        selection=_ADAPT_SELECTION,
+        about="adaptive reuse (kl_budget 0.005) against the best static configuration and the baseline at "
+              "three times the budget, 5 confirmation seeds (10-14)"),
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],
