@@ -79,6 +79,8 @@ def summary_text(s: dict[str, Any]) -> str:
         f"(best {s['accuracy_best']:.3f}, {s['heldout_prompts']} prompts, greedy)",
         f"  rollouts            {s['rollouts_stored']} rows in LanceDB table {s['rollout_table']} at {s['lancedb_uri']}",
         f"  MLflow              run {s['mlflow_run_id']} in experiment '{s['experiment']}' at {s['mlflow_uri']}",
+        *([f"  MLflow model        {s['mlflow_model_uri']} (mlflow.transformers.load_model or "
+             "mlflow.pyfunc.load_model)"] if s.get("mlflow_model_uri") else []),
         f"  checkpoints         {s['checkpoint_dir']}",
         f"  compute             {s['gen_tokens']:.0f} generated tokens, {s['train_tokens']:.0f} trained tokens, "
         f"generation {s['gen_seconds']:.0f} s + training {s['train_seconds']:.0f} s, mu {s['mu']:.2f}",

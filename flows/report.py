@@ -2,6 +2,12 @@
 
     python -m flows.report 3f9c...e1                          # the parent run flows.sweep printed
     python -m flows.report 3f9c...e1 --root /data/replay-runs --mu 6.84 --out sweep-report/
+    python -m flows.report 3f9c...e1 --root runs-a --shard runs-b 7d21...0a   # one grid, seeds split in two
+
+A sweep run in shards (the same grid with its --seeds split over processes or machines, each
+with its own root) is reported as one with --shard ROOT PARENT_RUN_ID per further part: the
+shards must agree in name, baseline and every configuration's overrides, and not share a seed
+(replay_pipeline.report.merge_shards); the report goes to the first parent run.
 
 Reads the sweep's parent MLflow run (its sweep.json) and the metric histories of its finished
 children, then writes report.md, report.json and the plots (accuracy against generated tokens,
@@ -59,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "median peak; give one below it when the baseline is still rising)")
     parser.add_argument("--baseline", metavar="NAME",
                         help="the baseline configuration (default: sweep.json's baseline, else no_buffer)")
+    parser.add_argument("--shard", nargs=2, action="append", default=[], metavar=("ROOT", "PARENT_RUN_ID"),
+                        help="a further part of the same sweep: its runs' root (or an MLflow URI) and its parent "
+                             "run id; repeatable")
     return parser
 
 
@@ -66,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         uri = report.tracking_uri(args.root, args.mlflow_uri)
+        shards = [(where if "://" in where else report.tracking_uri(where), parent) for where, parent in args.shard]
         result = report.build_report(uri, args.parent_run_id, mu=args.mu, out=args.out, root=args.root,
-                                     baseline=args.baseline, target=args.target)
+                                     baseline=args.baseline, target=args.target, shards=shards)
     except report.ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -334,7 +334,7 @@ def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
             progress.close()
             summary = run.summary(status)
             if status == "FINISHED":
-                run.log_final_model()
+                summary["mlflow_model_uri"] = run.log_final_model()
             run.tracker.log_dict(summary, "summary.json")
             _report(run, summary)
             if failure is not None:  # before finish(): the artifact goes to the open MLflow run

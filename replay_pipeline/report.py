@@ -262,19 +262,68 @@ def _load_child(client: Any, record: dict[str, Any], notes: list[str]) -> Child 
                  dict(run.data.params), dict(run.data.tags), history)
 
 
-def load(uri: str, parent_run_id: str, baseline: str | None = None) -> Sweep:
+#: Overrides that say where a shard's runs were stored, not how they trained: shards may differ in them.
+_PLACE_KEYS = ("seed", "run_id", "tracking.root_dir", "tracking.mlflow_uri", "tracking.artifact_location",
+               "tracking.parent_run_id", "buffer.uri")
+
+
+def _design_overrides(record: dict[str, Any]) -> dict[str, list[str]]:
+    """Each configuration's overrides without those that only place its runs."""
+    return {str(c["config"]): [o for o in c.get("overrides") or [] if o.split("=", 1)[0] not in _PLACE_KEYS]
+            for c in record["children"]}
+
+
+def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One sweep record from a sweep run in shards: the same grid (name, baseline and the
+    overrides of every configuration two shards share, where its runs were stored aside)
+    over disjoint seeds, each
+    shard in its own process or store (a machine, or a core, each). The children and the
+    confirmation seeds are pooled; the protocol is the first record's; `shards` lists the
+    parts. Raises ReportError naming what differs."""
+    merged = {**record, "children": list(record["children"]),
+              "shards": [{"name": r.get("name"), "sweep_id": r.get("sweep_id"), "mlflow_run_id": r.get("mlflow_run_id")}
+                         for r in (record, *shards)]}
+    design, seeds = _design_overrides(record), {int(c["seed"]) for c in record["children"]}
+    for other in shards:
+        label = f"shard {other.get('name')}-{other.get('sweep_id')}"
+        problems = [f"{k}: {record.get(k)!r} here, {other.get(k)!r} there"
+                    for k in ("name", "baseline") if record.get(k) != other.get(k)]
+        theirs = _design_overrides(other)
+        problems += [f"configuration {c!r} is trained with {design.get(c)} here, {theirs.get(c)} there"
+                     for c in sorted(set(design) & set(theirs)) if design[c] != theirs[c]]
+        again = sorted(seeds & {int(c["seed"]) for c in other["children"]})
+        if again:
+            problems.append(f"seeds {again} are in both: shards split the seeds")
+        if problems:
+            raise ReportError(f"{label} is not a part of sweep {record.get('name')}-{record.get('sweep_id')}: "
+                              + "; ".join(problems) + ". Shards are one grid run with --seeds split between them")
+        seeds |= {int(c["seed"]) for c in other["children"]}
+        design = {**theirs, **design}  # a configuration may run on one shard's seeds only (the lr stage)
+        merged["children"] += other["children"]
+    if merged.get("protocol"):
+        merged["protocol"] = {**merged["protocol"], "confirmation_seeds": sorted(seeds)}
+    return merged
+
+
+def load(uri: str, parent_run_id: str, baseline: str | None = None,
+         shards: Sequence[tuple[str, str]] = ()) -> Sweep:
     """sweep.json and the metric histories of its FINISHED children; the baseline must have
-    at least one finished child with held-out accuracy."""
+    at least one finished child with held-out accuracy. `shards`: (uri, parent_run_id) of
+    further parts of the same sweep (merge_shards), each read from its own store."""
     # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     record = load_sweep(client, uri, parent_run_id)
+    parts = [(client, record)] + [(c, load_sweep(c, u, p)) for u, p in shards
+                                  for c in [MlflowClient(tracking_uri=u)]]
+    record = merge_shards(record, [r for _, r in parts[1:]])
     baseline = baseline or record.get("baseline") or DEFAULT_BASELINE
     statuses = [r["status"] for r in record["children"] if r["config"] == baseline]
     notes: list[str] = []
     children = [] if "FINISHED" not in statuses else [  # fail before reading every history
-        c for r in record["children"] if (c := _load_child(client, r, notes)) is not None]
+        c for part_client, part in parts for r in part["children"]
+        if (c := _load_child(part_client, r, notes)) is not None]
     configs = list(dict.fromkeys(str(r["config"]) for r in record["children"]))
     if baseline not in {c.config for c in children}:
         finished = sorted({str(r["config"]) for r in record["children"] if r["status"] == "FINISHED"})
@@ -486,7 +535,8 @@ def _design(children: Sequence[Child]) -> tuple[int, int]:
 def _overrides(sweep: Sweep) -> tuple[list[str], dict[str, list[str]]]:
     """Overrides shared by every child, and each config's own (seed and run_id left out)."""
     def own(child: dict[str, Any]) -> list[str]:
-        return [o for o in child.get("overrides") or [] if o.split("=", 1)[0] not in ("seed", "run_id")]
+        drop = _PLACE_KEYS if sweep.record.get("shards") else ("seed", "run_id")  # shards differ in place only
+        return [o for o in child.get("overrides") or [] if o.split("=", 1)[0] not in drop]
 
     lists = [own(c) for c in sweep.record["children"]]
     shared = [o for o in lists[0] if all(o in rest for rest in lists[1:])]
@@ -513,7 +563,8 @@ def _sweep_info(sweep: Sweep) -> dict[str, Any]:
     return {"name": sweep.record.get("name"), "sweep_id": sweep.record.get("sweep_id"),
             "parent_run_id": sweep.parent_run_id, "baseline": sweep.baseline, "families": sweep.families,
             "seeds": sorted({int(c["seed"]) for c in sweep.record["children"]}),
-            "shared_overrides": shared, "configs": own, "protocol": sweep.record.get("protocol")}
+            "shared_overrides": shared, "configs": own, "protocol": sweep.record.get("protocol"),
+            "shards": sweep.record.get("shards")}
 
 
 def _mu_info(sweep: Sweep, mu: float) -> dict[str, Any]:
@@ -750,6 +801,16 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _shard_lines(s: Mapping[str, Any]) -> list[str]:
+    shards = s.get("shards") or []
+    if not shards:
+        return []
+    names = ", ".join(f"{x['name']}-{x['sweep_id']}" for x in shards)
+    return [f"Run in {len(shards)} shards ({names}; parent "
+            f"runs {', '.join(str(x['mlflow_run_id']) for x in shards)}): one grid, its seeds split between them, "
+            "reported as one.", ""]
+
+
 def _protocol_lines(s: Mapping[str, Any]) -> list[str]:
     p = s.get("protocol") or {}
     if not p.get("selection_seeds"):
@@ -766,7 +827,7 @@ def _protocol_lines(s: Mapping[str, Any]) -> list[str]:
 
 def _swept(summary: dict[str, Any]) -> list[str]:
     s = summary["sweep"]
-    lines = ["## What was swept", "", *_protocol_lines(s),
+    lines = ["## What was swept", "", *_protocol_lines(s), *_shard_lines(s),
              f"Seeds: {', '.join(map(str, s['seeds']))}. Shared overrides: "
              f"`{' '.join(s['shared_overrides']) or '(none)'}`. Baseline: `{s['baseline']}`.", "",
              "| config | family | overrides | finished runs |", "|---|---|---|---|"]
@@ -916,16 +977,18 @@ def _json_safe(value: Any) -> Any:
 
 
 def build_report(uri: str, parent_run_id: str, *, mu: float = DEFAULT_MU, out: str | Path | None = None,
-                 root: str | Path = "runs", baseline: str | None = None, target: float | None = None) -> Report:
-    """Read the sweep under MLflow run ``parent_run_id`` at ``uri``, write report.md, report.json
-    and the plots to ``out`` (default ``<root>/reports/<name>-<sweep_id>``) and log them to the
-    parent run under ``report/``."""
+                 root: str | Path = "runs", baseline: str | None = None, target: float | None = None,
+                 shards: Sequence[tuple[str, str]] = ()) -> Report:
+    """Read the sweep under MLflow run ``parent_run_id`` at ``uri`` (with its ``shards``, each
+    (uri, parent_run_id): see merge_shards), write report.md, report.json and the plots to
+    ``out`` (default ``<root>/reports/<name>-<sweep_id>``) and log them to the parent run
+    under ``report/``."""
     # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
     if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
         raise ReportError(f"mu={mu!r} must be a finite number > 0 (the paper's Qwen2.5-7B figure is 5.28)")
-    sweep = load(uri, parent_run_id, baseline)
+    sweep = load(uri, parent_run_id, baseline, shards)
     if target is not None and not (isinstance(target, (int, float)) and 0 <= target <= 1):
         raise ReportError(f"target={target!r} must be an accuracy in [0, 1], e.g. --target 0.5")
     summary, curves = summarise(sweep, mu, target)

@@ -47,7 +47,7 @@ LAST = "last"
 #: Keys a resume may change: they do not alter what the run generates or learns.
 RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_samples", "loop.eval_top_p",
              "loop.pass1_samples",
-             "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress",
+             "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress", "tracking.log_model",
              "model.torch_threads", "model.device", "buffer.read_cache", "buffer.write_behind",
              "loop.engine", "loop.dask_address", "loop.heartbeat_timeout",
              "loop.rounds_per_task", "buffer.read_ahead")
@@ -62,7 +62,7 @@ def _identity(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in IDENTITY)
 #: Prefixes a fork may not change (plus the listed exceptions, which it may).
 FORK_FIXED = ("model.", "buffer.uri", "tracking.")
-FORK_FREE = ("tracking.progress", "tracking.root_dir", "model.torch_threads", "model.device")
+FORK_FREE = ("tracking.progress", "tracking.log_model", "tracking.root_dir", "model.torch_threads", "model.device")
 
 def config_hash(cfg: DictConfig | dict, keys: Iterable[str] | None = None) -> str:
     """SHA-256 (16 hex digits) of every key that shapes the trajectory (not RESUMABLE or

@@ -2,7 +2,9 @@
 
 `MlflowTracker` talks to any MLflow tracking URI (a local SQLite store by default, a
 server by config) through `MlflowClient`, not the fluent API, so several runs can live in
-one process (tests, sweeps). Metrics are written by a background thread, so a round never
+one process (tests, sweeps). The one exception is `log_model`: MLflow's model flavours log
+through the fluent API only, so it points the process's tracking URI at this store for the
+call and back after it. Metrics are written by a background thread, so a round never
 waits for the tracking store (a SQLite batch costs ~10-20 ms here); `flush()` waits for
 them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
 metrics of the steps it covers are stored. A writer error surfaces at the next call. `NullTracker` has the same interface and does nothing, which
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import math
 import os
 import queue
@@ -31,6 +34,7 @@ import signal
 import tempfile
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -130,6 +134,8 @@ class NullTracker:
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None: ...
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
     def log_dataset(self, name: str, source: str, version: int, rows: int, context: str = "training") -> None: ...
+    def log_model(self, model, tokenizer, *, step: int, max_new_tokens: int, tags: Mapping[str, str] | None = None
+                  ) -> str | None: return None
     def flush(self) -> None: ...
     def finish(self, status: str = "FINISHED") -> None: ...
 
@@ -253,6 +259,37 @@ class MlflowTracker:
     @_uninterrupted
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    @_uninterrupted
+    def log_model(self, model, tokenizer, *, step: int, max_new_tokens: int, tags: Mapping[str, str] | None = None
+                  ) -> str | None:
+        """The policy as an MLflow model of the transformers flavour (task text-generation),
+        named "model" and linked to this run at `step` (its "Logged models"); returns its
+        models:/ URI. Its signature takes prompts (strings) and `max_new_tokens` (default
+        this run's). The requirements are pinned to the installed torch and transformers, not
+        inferred (inference imports the model in a subprocess)."""
+        import mlflow  # start-up cost: mlflow's fluent API and the transformers flavour
+        import mlflow.transformers
+        from mlflow.models import infer_signature
+
+        signature = infer_signature(["1+2="], ["3"], params={"max_new_tokens": int(max_new_tokens)})
+        quiet = logging.getLogger("mlflow.transformers")  # "no model card on the hub": a local model
+        level, previous_uri = quiet.level, mlflow.get_tracking_uri()
+        quiet.setLevel(logging.ERROR)
+        mlflow.set_tracking_uri(self.uri)  # the fluent API logs to the process's tracking URI
+        # Created here, in the run's experiment: the fluent API would put it in its active one.
+        logged = self.client.create_logged_model(self.experiment_id, name="model", source_run_id=self.run_id,
+                                                 tags=dict(tags or {}))
+        try:
+            info = mlflow.transformers.log_model(
+                transformers_model={"model": model, "tokenizer": tokenizer}, name="model", model_id=logged.model_id,
+                task="text-generation", run_id=self.run_id, step=int(step), signature=signature,
+                model_config={"max_new_tokens": int(max_new_tokens)},
+                pip_requirements=[f"torch=={version('torch')}", f"transformers=={version('transformers')}"])
+        finally:
+            mlflow.set_tracking_uri(previous_uri)
+            quiet.setLevel(level)
+        return info.model_uri
 
     @_uninterrupted
     def set_tags(self, tags: Mapping[str, str]) -> None:

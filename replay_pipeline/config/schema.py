@@ -370,6 +370,12 @@ class TrackingConfig:
     child (tag mlflow.parentRunId), so the MLflow UI nests it under the sweep."""
     progress: bool = True
     """Show a progress bar with live reward and accuracy on the terminal."""
+    log_model: bool = True
+    """Log the final checkpoint's policy as an MLflow model (transformers flavour, task
+    text-generation) linked to the run: `mlflow.transformers.load_model` or
+    `mlflow.pyfunc.load_model` on the models:/ URI the summary prints. It is loaded on the CPU
+    and written once more into the artifact store: false skips it (a run's checkpoints keep the
+    weights either way)."""
 
 
 @dataclass

@@ -39,11 +39,12 @@ from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.schema import make_rollout_id
 from replay_pipeline.buffer.tables import RunTables
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.checkpoints import checkpoint_name, list_checkpoints, save_checkpoint
+from replay_pipeline.checkpoints import checkpoint_name, checkpoint_step, list_checkpoints, save_checkpoint
 from replay_pipeline.compute import ComputeLedger
 from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
 from replay_pipeline.generation import Sample
 from replay_pipeline.learner import Learner
+from replay_pipeline.models.loading import load_pretrained
 from replay_pipeline.reuse import apply_updates
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import (SEED_EVAL, GeneratedBatch, generate_batch, score_batch, step_prompts,
@@ -368,11 +369,15 @@ class TrainingRun:
             checkpoint_dir=str(self.paths.checkpoints), run_dir=str(self.paths.run_dir),
             policy=self.policy_info)
 
-    def log_final_model(self) -> None:
-        """The newest checkpoint's Hugging Face model directory, as the run's `model/` artifact."""
+    def log_final_model(self) -> str | None:
+        """The newest checkpoint's policy as the run's MLflow model (tracking.log_model), loaded
+        on the CPU; its models:/ URI, or None when there is none or it is not wanted."""
         done = list_checkpoints(self.paths.checkpoints)
-        if done:
-            self.tracker.log_artifacts(done[-1] / "model", "model")
+        if not done or not self.settings.tracking.log_model:
+            return None
+        model, tokenizer = load_pretrained(done[-1] / "model")
+        return self.tracker.log_model(model, tokenizer, step=checkpoint_step(done[-1]), tags={"run_id": self.run_id},
+                                      max_new_tokens=self.settings.generator.max_new_tokens)
 
     def finish(self, status: str = "FINISHED") -> None:
         """End the run: the mirror and the writer thread (a failed last write turns FINISHED

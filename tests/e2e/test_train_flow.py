@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
+import mlflow.pyfunc
 import numpy as np
 import pytest
 import torch
@@ -138,7 +140,21 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     evals = client.get_metric_history(run.info.run_id, "eval/accuracy")
     assert sorted(m.step for m in evals) == [0, 1, 2, 3]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "summary.json", "checkpoints", "model"} <= artifacts
+    assert {"config.yaml", "summary.json", "checkpoints"} <= artifacts
+    # The final policy as an MLflow model linked to the run, which loads and generates.
+    summary = json.loads(Path(client.download_artifacts(run.info.run_id, "summary.json", str(root / "dl"))).read_text())
+    (logged,) = client.search_logged_models(experiment_ids=[exp.experiment_id])
+    assert summary["mlflow_model_uri"] == f"models:/{logged.model_id}" and logged.source_run_id == run.info.run_id
+    assert logged.tags["run_id"] == "e2e-replay"
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(client.tracking_uri)
+    try:
+        assert "transformers" in mlflow.models.get_model_info(summary["mlflow_model_uri"]).flavors
+        policy = mlflow.pyfunc.load_model(summary["mlflow_model_uri"])
+        (completion,) = policy.predict(["12+7="], params={"max_new_tokens": 3})
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert isinstance(completion, str) and completion.startswith("12+7=")
     assert metrics["buffer/replay_ratio"] == pytest.approx(2 * 16 / 16)
     # Every timing is a real duration: none is negative or longer than the whole run.
     wall = metrics["compute/wall_seconds"]

@@ -366,3 +366,45 @@ def test_max_of_median_pass_at_k_is_read_where_the_median_curve_peaks():
     peak, final = report._pass_at_k(curve, peak=True)[16], report._pass_at_k(curve)[16]
     assert peak == {"step": 10, "median": pytest.approx(0.8), "q25": pytest.approx(0.75), "q75": pytest.approx(0.85)}
     assert final["step"] == 20 and final["median"] == pytest.approx(0.7)
+
+
+# ------------------------------------------------------------------ a sweep run in shards
+def test_a_sweep_run_in_shards_reports_as_the_whole(store, built, tmp_path):
+    """The fixture's sweep split by seed over two stores, as two processes with their own
+    roots run it (`flows.sweep --seeds` each): seeds 2-3 of the 4-seed configurations move to
+    a second SQLite store. The report over both (--shard) has the whole sweep's table and
+    per-seed crossings; shards that are not one grid over disjoint seeds are refused."""
+    from mlflow.tracking import MlflowClient
+
+    whole = report.load_sweep(store["client"], store["uri"], store["parent"])
+    moved = [c for c in whole["children"] if c["status"] == "FINISHED" and c["seed"] >= 2]
+    part_a = {**whole, "sweep_id": "abc124", "children": [c for c in whole["children"] if c not in moved]}
+    parent_a = make_parent(store["client"], store["client"].get_run(store["parent"]).info.experiment_id, part_a)
+    root_b = tmp_path / "b"
+    uri_b = f"sqlite:///{root_b / 'mlflow.db'}"
+    root_b.mkdir()
+    client_b = MlflowClient(tracking_uri=uri_b)
+    exp_b = client_b.create_experiment("replay-pipeline", artifact_location=(root_b / "mlartifacts").as_uri())
+    parent_b = client_b.create_run(exp_b, run_name="part-b").info.run_id
+    children_b = [{**c, "mlflow_run_id": make_child(client_b, exp_b, parent_b, root_b, c["config"], c["seed"]),
+                   "overrides": [*c["overrides"], f"tracking.root_dir={root_b}"]} for c in moved]
+    part_b = {**whole, "sweep_id": "abc125", "mlflow_run_id": parent_b, "children": children_b}
+    client_b.log_dict(parent_b, part_b, "sweep.json")
+
+    sharded = report.build_report(store["uri"], parent_a, root=store["root"], out=tmp_path / "out",
+                                  shards=[(uri_b, parent_b)])
+    assert sharded.table == built.table
+    for config in ("no_buffer", "replay"):
+        assert (sharded.summary["configs"][config]["evidence"]["tokens"]["per_seed"]
+                == built.summary["configs"][config]["evidence"]["tokens"]["per_seed"])
+    assert [s["sweep_id"] for s in sharded.summary["sweep"]["shards"]] == ["abc124", "abc125"]
+    assert "Run in 2 shards (sw-abc124, sw-abc125; parent runs" in sharded.path.read_text()
+
+    other = {**part_b, "children": [{**c, "overrides": [*c["overrides"], "algo.lr=1e-3"]} for c in children_b]}
+    client_b.log_dict(parent_b, other, "sweep.json")
+    with pytest.raises(report.ReportError, match=r"shard sw-abc125 is not a part of sweep sw-abc124: "
+                                                 r"configuration 'no_buffer' is trained with .*algo.lr=1e-3"):
+        report.load(store["uri"], parent_a, shards=[(uri_b, parent_b)])
+    client_b.log_dict(parent_b, {**part_b, "children": [*children_b, whole["children"][0]]}, "sweep.json")
+    with pytest.raises(report.ReportError, match=r"seeds \[0\] are in both: shards split the seeds"):
+        report.load(store["uri"], parent_a, shards=[(uri_b, parent_b)])
