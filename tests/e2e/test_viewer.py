@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -110,3 +111,39 @@ def test_a_damaged_or_missing_table_gets_a_page_that_says_so(server):
     victim.unlink()  # a data file gone
     page = browse(base + "/run/other/step/0")
     assert "is damaged" in page and "python -m flows.query repair other" in page and "Traceback" not in page
+
+
+def test_a_run_still_being_written_shows_what_is_committed_so_far(server):
+    """A training run in progress beside the viewer: the runs list shows it running, its page
+    counts the rollouts committed so far and grows on the next load, and its newest step's
+    page opens while later steps are being written."""
+    root, base = server
+    env = {**os.environ, "PREFECT_HOME": str(root / ".prefect-live")}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", *TINY_OVERRIDES,
+                             "run_id=live", "loop.steps=100000", "loop.eval_every=0", "loop.passk_every=0",
+                             "loop.checkpoint_every=0", "model.torch_threads=1"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        def committed() -> int:
+            page = browse(base + "/run/live")
+            found = re.search(r"(\d+) rollouts", page)
+            return int(found.group(1)) if found and "cannot show this" not in page else 0
+
+        deadline = time.monotonic() + 300
+        while (first := committed()) < 32:
+            assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
+            assert time.monotonic() < deadline, "the live run stored fewer than two steps in 300 s"
+            time.sleep(1)
+        index = browse(base + "/")
+        row = re.search(r'/run/live".*?</tr>', index, re.S)
+        assert row and "RUNNING" in row.group(0).upper(), index[-2000:]
+        assert first % 16 == 0  # whole steps only: each step's rows are one commit
+        while (later := committed()) <= first:
+            assert time.monotonic() < deadline, "the live run's page did not grow"
+            time.sleep(1)
+        newest = links(browse(base + "/run/live"), r"/run/live/step/\d+")[-1]
+        step = browse(base + newest)
+        assert step.count('class="group"') == 4 and "Traceback" not in step and later % 16 == 0
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
