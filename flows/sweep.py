@@ -238,9 +238,9 @@ GRIDS: dict[str, Grid] = {
         about="adaptive reuse (kl_budget 0.005) and the planner's measured plan against the best static "
               "configuration and the baseline, 10 confirmation seeds (10-19)"),
     # The same at three times the budget (300 baseline steps), the rule and the static
-    # configuration against the baseline only, on seeds 10-14: a 3x run takes about 3.5 min at
-    # one thread here, so 10 seeds and the controls (about 2.5 h) did not fit the session that
-    # ran it; the long grid has the controls at 3x on seeds 10-19.
+    # configuration against the baseline only, on seeds 10-14 (the long grid has the controls
+    # at 3x on seeds 10-19). Not run yet: a 3x run takes about 10 min at one thread here, so
+    # its 15 runs take about 75 min on two processes (--seeds 10,11,12 and 13,14, --shard).
     "adaptive-long": Grid(
         configs={"no_buffer": ["experiment=no_buffer"],
                  "posbias_prio512_r32_b32": _DEFAULT.configs["posbias_prio512_r32_b32"],
