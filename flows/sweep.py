@@ -5,6 +5,8 @@ flow run and of one MLflow parent run; then a learning-rate stage and the report
     python -m flows.sweep --quick                           # the quick grid (~10 min)
     python -m flows.sweep --grid headline                   # baseline vs the two best + 2 controls, seeds 10-19
     python -m flows.sweep --grid long                       # baseline vs the best + 2 controls, 3x the budget
+    python -m flows.sweep --grid adaptive                   # adaptive reuse rules, selection seeds 0-3
+    python -m flows.sweep --grid adaptive-confirm --seeds 10,11,12,13,14 tracking.root_dir=runs-a   # one shard
     python -m flows.sweep --seeds 0,1,2,3 loop.steps=200    # overrides shared by every child
     python -m flows.sweep --config base=experiment=no_buffer \
         --config big=experiment=replay,buffer.capacity=512 --lr-factors 0.5,2 --name capacity
@@ -27,6 +29,10 @@ controls (`no_buffer_r32`, the on-policy baseline at the winners' size, and
 `onpolicy_prio_r32_b32`, on-policy drawing by |advantage| from the fresh batch only).
 `--selection-seeds` states them for a sweep of explicit configurations; seeds that both chose
 and would confirm are refused (exit 2). sweep.json's `protocol` carries them to the report.
+
+**Shards.** A grid's seeds may be split over processes or machines, each a sweep of the same
+grid with its own `--seeds` and `tracking.root_dir`; `python -m flows.report PARENT --root A
+--shard B PARENT_B` reports them as one (replay_pipeline.report.merge_shards).
 
 With learning-rate factors (the default grid: x0.5 and x2, on 2 of its seeds), a second stage follows: the
 baseline (`--baseline`, default `no_buffer`) and the best buffer configuration of the first
