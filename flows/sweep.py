@@ -153,6 +153,12 @@ _ADAPT_KL005 = ["reuse.max_updates=4", "reuse.rule=kl_budget", "reuse.kl_budget=
 #: The planner's recommendation from measured alpha and rho (see "adaptive-confirm").
 _PLAN_MEASURED = ["buffer.capacity=1376", "loop.updates_per_step=2"]
 
+#: What both adaptive confirmation grids compare: the baseline, the best static configuration
+#: and the chosen rule on its design.
+_ADAPT_COMPARED = {"no_buffer": ["experiment=no_buffer"],
+                   "posbias_prio512_r32_b32": _DEFAULT.configs["posbias_prio512_r32_b32"],
+                   "adapt_kl005": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_ADAPT_KL005]}
+
 #: Where the adaptive confirmation's configurations were chosen: never on its seeds.
 _ADAPT_SELECTION = {"seeds": [0, 1, 2, 3], "chosen_on": "the adaptive grid's selection stage (GRIDS['adaptive'], "
                     "seeds 0-3) and the planner's measurement on the static configuration's seed-0 run",
@@ -233,9 +239,7 @@ GRIDS: dict[str, Grid] = {
     # over both: flows.report --shard) and left out the controls, which the headline grid ran
     # on the same seeds at the same budget.
     "adaptive-confirm": Grid(
-        configs={"no_buffer": ["experiment=no_buffer"],
-                 "posbias_prio512_r32_b32": _DEFAULT.configs["posbias_prio512_r32_b32"],
-                 "adapt_kl005": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_ADAPT_KL005],
+        configs={**_ADAPT_COMPARED,
                  "plan_measured": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_PLAN_MEASURED]},
         seeds=_CONFIRMATION,
         overrides=_shared(100),
@@ -248,9 +252,7 @@ GRIDS: dict[str, Grid] = {
     # at 3x on seeds 10-19). Not run yet: a 3x run takes about 10 min at one thread here, so
     # its 15 runs take about 75 min on two processes (--seeds 10,11,12 and 13,14, --shard).
     "adaptive-long": Grid(
-        configs={"no_buffer": ["experiment=no_buffer"],
-                 "posbias_prio512_r32_b32": _DEFAULT.configs["posbias_prio512_r32_b32"],
-                 "adapt_kl005": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_ADAPT_KL005]},
+        configs=dict(_ADAPT_COMPARED),
         seeds=_CONFIRMATION[:5],
         overrides=_shared(300),
         lr_factors=[],

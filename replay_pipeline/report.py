@@ -267,10 +267,14 @@ _PLACE_KEYS = ("seed", "run_id", "tracking.root_dir", "tracking.mlflow_uri", "tr
                "tracking.parent_run_id", "buffer.uri")
 
 
+def _overrides_without(child: dict[str, Any], keys: Sequence[str]) -> list[str]:
+    """A child record's overrides but those setting one of `keys`."""
+    return [o for o in child.get("overrides") or [] if o.split("=", 1)[0] not in keys]
+
+
 def _design_overrides(record: dict[str, Any]) -> dict[str, list[str]]:
     """Each configuration's overrides without those that only place its runs."""
-    return {str(c["config"]): [o for o in c.get("overrides") or [] if o.split("=", 1)[0] not in _PLACE_KEYS]
-            for c in record["children"]}
+    return {str(c["config"]): _overrides_without(c, _PLACE_KEYS) for c in record["children"]}
 
 
 def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -279,7 +283,9 @@ def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> di
     over disjoint seeds, each
     shard in its own process or store (a machine, or a core, each). The children and the
     confirmation seeds are pooled; the protocol is the first record's; `shards` lists the
-    parts. Raises ReportError naming what differs."""
+    parts. Raises ReportError naming what differs. Without shards, `record` as it is."""
+    if not shards:
+        return record
     merged = {**record, "children": list(record["children"]),
               "shards": [{"name": r.get("name"), "sweep_id": r.get("sweep_id"), "mlflow_run_id": r.get("mlflow_run_id")}
                          for r in (record, *shards)]}
@@ -534,11 +540,8 @@ def _design(children: Sequence[Child]) -> tuple[int, int]:
 # ------------------------------------------------------------------ the whole summary
 def _overrides(sweep: Sweep) -> tuple[list[str], dict[str, list[str]]]:
     """Overrides shared by every child, and each config's own (seed and run_id left out)."""
-    def own(child: dict[str, Any]) -> list[str]:
-        drop = _PLACE_KEYS if sweep.record.get("shards") else ("seed", "run_id")  # shards differ in place only
-        return [o for o in child.get("overrides") or [] if o.split("=", 1)[0] not in drop]
-
-    lists = [own(c) for c in sweep.record["children"]]
+    drop = _PLACE_KEYS if sweep.record.get("shards") else ("seed", "run_id")  # shards differ in place only
+    lists = [_overrides_without(c, drop) for c in sweep.record["children"]]
     shared = [o for o in lists[0] if all(o in rest for rest in lists[1:])]
     per = {}
     for child, extra in zip(sweep.record["children"], lists):

@@ -391,6 +391,7 @@ def test_a_sweep_run_in_shards_reports_as_the_whole(store, built, tmp_path):
     part_b = {**whole, "sweep_id": "abc125", "mlflow_run_id": parent_b, "children": children_b}
     client_b.log_dict(parent_b, part_b, "sweep.json")
 
+    assert built.summary["sweep"]["shards"] is None and " shards (" not in built.path.read_text()  # a whole sweep
     sharded = report.build_report(store["uri"], parent_a, root=store["root"], out=tmp_path / "out",
                                   shards=[(uri_b, parent_b)])
     assert sharded.table == built.table
