@@ -12,8 +12,11 @@ one is the same server (Prefect's uvicorn app, same settings, UI off) with two d
   (kill -9 included), so no server process is left behind.
 
 `temporary_server()` starts it (reusing one per process), points Prefect's settings at it
-and stops it at exit. `python -m flows.prefect_server --port N --parent PID` is the server
-process itself.
+and stops it at exit. `launch()` starts its process without waiting: `python -m flows.train`
+calls it as soon as the command line is known to be good, before the trainer's own imports,
+so the server boots (about 3 s of CPU) on one core while the trainer imports and builds its
+run on the other, and `temporary_server()` then only waits for whatever is left of the boot.
+`python -m flows.prefect_server --port N --parent PID` is the server process itself.
 """
 
 from __future__ import annotations
@@ -30,11 +33,10 @@ import time
 from typing import Any, Callable, Iterator
 
 import flows  # noqa: F401  (Prefect's environment before prefect is imported)
-import httpx
-from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
 _server: subprocess.Popen | None = None
-_url: str | None = None
+_url: str | None = None  # the server's API once it answered
+_launched: str | None = None  # the API it will answer at, from launch() until then
 
 
 def _free_port() -> int:
@@ -44,19 +46,40 @@ def _free_port() -> int:
 
 
 def _configured_url() -> str | None:
+    # start-up cost: prefect, once a flow is about to run
+    from prefect.settings import get_current_settings
+
     return get_current_settings().api.url
 
 
-def _start(timeout: float) -> str:
-    global _server, _url
+def launch(settings_env: dict[str, str] | None = None) -> None:
+    """Start the server's process without waiting for it (nothing when PREFECT_API_URL is in
+    the environment or one is started already). Prefect is not imported here: the server
+    process reads the same environment and profile as this one would (`settings_env` adds
+    settings made in this process, as `_start` passes them)."""
+    global _server, _launched
+    if _server is not None or os.environ.get("PREFECT_API_URL"):
+        return
     port = _free_port()
-    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+    env = {**os.environ, **(settings_env or {}),
            "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     _server = subprocess.Popen([sys.executable, "-m", "flows.prefect_server", "--port", str(port),
                                 "--parent", str(os.getpid())], env=env, start_new_session=True,
                                stdin=subprocess.DEVNULL)
     atexit.register(stop)
-    url = f"http://127.0.0.1:{port}/api"
+    _launched = f"http://127.0.0.1:{port}/api"
+
+
+def _start(timeout: float) -> str:
+    """The launched server's API once it answers (launched here if it was not)."""
+    global _url
+    # start-up cost: prefect and httpx, once a flow is about to run
+    import httpx
+    from prefect.settings import get_current_settings
+
+    if _server is None:
+        launch(get_current_settings().to_environment_variables(exclude_unset=True))
+    url = _launched
     deadline = time.monotonic() + timeout
     with httpx.Client() as client:
         while time.monotonic() < deadline:
@@ -77,10 +100,10 @@ def _start(timeout: float) -> str:
 
 def stop() -> None:
     """Stop the temporary server (SIGTERM, then SIGKILL after 5 s)."""
-    global _server, _url
+    global _server, _url, _launched
     if _server is None:
         return
-    proc, _server, _url = _server, None, None
+    proc, _server, _url, _launched = _server, None, None, None
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -94,8 +117,13 @@ def stop() -> None:
 def temporary_server(log: Callable[[str], Any] | None = None) -> Iterator[str | None]:
     """Prefect's API for the body of the `with`: PREFECT_API_URL when set (yields it), else
     this process's temporary server (started once, stopped at exit)."""
+    # start-up cost: prefect, once a flow is about to run
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     configured = _configured_url()
     if configured:
+        if configured not in (_url, _launched):
+            stop()  # launched early for nothing: a profile names a server
         yield configured
         return
     url = _url or _start(float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 120)))

@@ -74,7 +74,8 @@ def summary_text(s: dict[str, Any]) -> str:
     lines = [
         "",
         f"Run {s['run_id']} {s['status'].lower()}: {s['steps_done']} steps, policy version {s['policy_version']}, "
-        f"{s['wall_seconds']:.0f} s",
+        f"{s['wall_seconds']:.0f} s" + (f" (start-up to the first round {s['startup_seconds']:.1f} s)"
+                                        if s.get("startup_seconds") is not None else ""),
         f"  held-out accuracy   {s['accuracy_before']:.3f} before -> {s['accuracy_after']:.3f} after "
         f"(best {s['accuracy_best']:.3f}, {s['heldout_prompts']} prompts, greedy)",
         f"  rollouts            {s['rollouts_stored']} rows in LanceDB table {s['rollout_table']} at {s['lancedb_uri']}",

@@ -41,6 +41,10 @@ if __name__ == "__main__":  # answer --help and configuration errors before Pref
     if _code is not None:
         sys.exit(_code)
     _ANSWERED_EARLY = list(sys.argv[1:])  # main() need not compose the command line a second time
+    if "--cfg" not in _ANSWERED_EARLY:  # a run follows: Prefect's temporary server boots meanwhile
+        from flows.prefect_server import launch as _launch_server
+
+        _launch_server()
 
 import functools
 import logging

@@ -5,6 +5,13 @@ and the summary printed and logged at the end.
 when it started, when its rounds began, the seconds spent in scheduled extras (evaluations,
 checkpoints) and waiting for rollouts, and the async generators' cumulative stats. It reads
 nothing else of the run; the phases add to the ledger as they spend.
+
+Start-up (`startup/seconds`, logged once at the first round's step): wall seconds from the
+operating system's start of this process (its creation time, so the interpreter's own start
+and every import count) to the start of its first round, less the starting policy's
+evaluation (`startup/eval_seconds`: work the run was asked to do, not a fixed cost). It holds
+building the run (configuration, task, model and warm start or cache, tables, MLflow run) and
+reaching Prefect's API (the temporary server's start, in the background).
 """
 
 from __future__ import annotations
@@ -13,7 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from replay_pipeline.compute import ComputeLedger
+
+
+def process_started() -> float:
+    """This process's creation time (seconds since the epoch), as the operating system keeps it."""
+    return psutil.Process().create_time()
 
 
 @dataclass
@@ -23,6 +37,10 @@ class Accounting:
     started: float = field(default_factory=time.perf_counter)
     loop_started: float | None = None
     """perf_counter() when this process began its first round (`start_loop`)."""
+    start_eval_seconds: float = 0.0
+    """Seconds this process spent evaluating the starting policy before its first round."""
+    startup_seconds: float | None = None
+    """Process creation to the first round, less `start_eval_seconds` (set by `start_loop`)."""
     scheduled_seconds: float = 0.0
     """Seconds of this process's rounds spent in scheduled extras (evaluation, checkpoints),
     which the overhead figure leaves out."""
@@ -36,6 +54,13 @@ class Accounting:
     def start_loop(self) -> None:
         self.loop_started = time.perf_counter()
         self._loop_base = dict(self.ledger.totals)
+        self.startup_seconds = time.time() - process_started() - self.start_eval_seconds
+
+    def startup_metrics(self) -> dict[str, float]:
+        """`startup/seconds` and `startup/eval_seconds` (empty before `start_loop`)."""
+        if self.startup_seconds is None:
+            return {}
+        return {"startup/seconds": self.startup_seconds, "startup/eval_seconds": self.start_eval_seconds}
 
     def fold_workers(self, totals: dict[str, float]) -> dict[str, float]:
         """Async loop: take the generators' new cumulative stats; returns what they added
@@ -92,4 +117,5 @@ class Accounting:
             "wall_seconds": time.perf_counter() - self.started,
             "gen_tokens": t["gen_tokens"], "train_tokens": t["train_tokens"],
             "gen_seconds": t["gen_seconds"], "train_seconds": t["train_seconds"], "mu": self.ledger.mu(),
+            "startup_seconds": self.startup_seconds,
         }

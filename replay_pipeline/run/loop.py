@@ -93,7 +93,10 @@ def segments(loop: Any, start: int) -> list[tuple[int, int]]:
 def evaluate_start(run: TrainingRun, evaluate: Callable[[int, bool], dict] | None = None) -> None:
     """The starting policy's evaluation (greedy and sampled), for a run at step 0."""
     if run.start_step == 0:
-        _log_evaluation(run, 0, (evaluate or run.evaluate)(0, True))
+        began = time.perf_counter()
+        metrics = (evaluate or run.evaluate)(0, True)
+        run.accounting.start_eval_seconds += time.perf_counter() - began
+        _log_evaluation(run, 0, metrics)
 
 
 def _log_evaluation(run: TrainingRun, done: int, metrics: Any) -> None:
@@ -115,6 +118,8 @@ def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None
     checkpoint = checkpoint or run.checkpoint
     loop = run.settings.loop
     run.accounting.start_loop()
+    if run.start_step < loop.steps:
+        run.log(run.start_step, run.accounting.startup_metrics())
     for first, last in segments(loop, run.start_step):
         stopping.check(f"the rounds, before step {first}")
         rounds(first, last)

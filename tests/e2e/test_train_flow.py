@@ -52,6 +52,7 @@ def test_summary_names_run_table_and_mlflow(finished_run):
     assert f"{STEPS * ROLLOUTS_PER_STEP} rows in LanceDB table rollouts_e2e-replay" in out
     assert "held-out accuracy" in out and "before ->" in out
     assert str(root / "lancedb") in out
+    assert "(start-up to the first round " in out
 
 
 def test_every_rollout_is_stored_with_its_provenance(finished_run):
@@ -135,6 +136,10 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
                 "learn/seconds", "eval/accuracy", "compute/gen_tokens", "compute/train_tokens",
                 "compute/gen_seconds", "compute/train_seconds", "compute/total_flops"]:
         assert key in metrics, key
+    # Start-up, once: process creation to the first round, the step-0 evaluation left out
+    (startup,) = client.get_metric_history(run.info.run_id, "startup/seconds")
+    (start_eval,) = client.get_metric_history(run.info.run_id, "startup/eval_seconds")
+    assert startup.step == start_eval.step == 0 and 0 < startup.value < 600 and start_eval.value > 0
     history = client.get_metric_history(run.info.run_id, "learn/policy_version")
     assert sorted(m.value for m in history) == [1.0, 2.0, 3.0]
     evals = client.get_metric_history(run.info.run_id, "eval/accuracy")
