@@ -1,10 +1,7 @@
-"""Side by side with TRL: our no-buffer loop and TRL's GRPOTrainer on the same model, task,
-group size and batch, one after the other in one process, with seconds per learner step and
-held-out accuracy against compute for both.
-
-    python -m replay_pipeline.benchmarks.trl_compare                          # 100 steps each
-    python -m replay_pipeline.benchmarks.trl_compare --steps 30 --root /tmp/trlbench
-    python -m replay_pipeline.benchmarks.trl_compare --steps 50 --eval-every 10 algo.lr=6e-5
+"""The sides of the peer benchmark (replay_pipeline/benchmarks/peers.py), each run in a
+process of its own: our no-buffer loop (the real flow) and TRL's GRPOTrainer on the same model,
+task, group size and batch, with the input checks both share and the policy loading they
+share with the bare loop (replay_pipeline/benchmarks/bare.py).
 
 Needs the dev extra (`pip install -e '.[dev]'`, which brings `trl`).
 
@@ -16,8 +13,8 @@ ends; its figures are read back from the run's MLflow ledger (`compute/round_sec
 `eval/accuracy`).
 
 **TRL's side** is `trl.GRPOTrainer` on the same warm-started policy, loaded by the project's
-own `load_policy` (the cached warm start the flow just used; the model object and tokenizer
-are handed to TRL, nothing is downloaded), with every setting taken from the resolved
+own `load_policy` (`load_side_policy`: the cached warm start, built before the first side; the
+model object and tokenizer are handed to TRL, nothing is downloaded), with every setting taken from the resolved
 configuration of our side:
 
 | TRL (GRPOConfig)                          | ours                                               |
@@ -59,11 +56,6 @@ Measured, for each side:
   model, inside `torch.random.fork_rng` so that evaluating does not move TRL's sampling
   stream. Step 0 is the same weights on both sides, so the two first accuracies are equal.
 
-Output: a table on stdout, `<root>/benchmarks/trl_compare-<timestamp>/trl_compare.json` and
-`trl_compare.png` (accuracy against cumulative generated tokens and against cumulative
-seconds), both logged as artifacts of an MLflow run in experiment `trl-compare` of the
-store the flow uses; the flow's own run is created as its child.
-
 Decisions:
 - algo.max_grad_norm is mirrored (1.0 by default, which clips) rather than CPU-DEMO's 0.0:
   CPU-DEMO turned clipping off to match a prototype loop that did not clip; our learner clips
@@ -78,14 +70,12 @@ Decisions:
   seconds equal the step seconds by construction (its orchestration happens inside them).
   Cumulative seconds in the plot and table are those step seconds (ours: round seconds);
   `gen_train_seconds` (ours: compute/gen_train_seconds) is in the JSON as well.
-- The two sides run one after the other (ours first: it builds or finds the cached warm
-  start), never at once, with the same torch thread count (model.torch_threads; 0 leaves
-  torch's default). TRL's trajectory differs from ours from the first sample (different
-  sampling streams), but each side is deterministic under `seed` (accuracies repeat to the
-  last digit; seconds do not).
-- Measure on a quiet machine: both sides are CPU-bound on model.torch_threads threads, and
-  any other CPU-heavy process inflates their seconds by as much as it takes (on a 2-core
-  machine shared with another 2-thread job, 5-10x), unevenly between the two sides.
+- Each side runs in a fresh process (peers.py alternates them in blocks), with the same torch
+  thread count (model.torch_threads; 0 leaves torch's default). TRL's trajectory differs from
+  ours from the first sample (different sampling streams), but each side is deterministic
+  under `seed` (accuracies repeat to the last digit; seconds do not).
+- Measure on a quiet machine: every side is CPU-bound on model.torch_threads threads, and
+  any other CPU-heavy process inflates its seconds by as much as it takes.
 - `--eval-every` defaults to steps // 10 (at least 1), so a run has about ten accuracy points;
   0 evaluates only at the start and the end.
 - Only configurations TRL can mirror are accepted: the sync no-buffer loop (buffer strategy
@@ -97,12 +87,9 @@ Decisions:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
-import json
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -110,9 +97,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-EXPERIMENT = "trl-compare"
-RESULT_JSON = "trl_compare.json"
-RESULT_PNG = "trl_compare.png"
+EXPERIMENT = "peer-benchmark"
 INSTALL_HINT = "install the dev extra: pip install -c infra/constraints-cpu.txt -e '.[dev]' (or pip install 'trl>=1.0')"
 
 #: Overrides the benchmark sets itself: key -> what to use instead.
@@ -125,6 +110,7 @@ CONTROLLED = {
     "loop.checkpoint_every": "checkpoints are written only at the end",
     "tracking.experiment": f"the flow's run goes to experiment {EXPERIMENT!r}",
     "tracking.parent_run_id": "the flow's run is a child of the comparison run",
+    "run_id": "each repeat of our side names its own run",
     "resume": "the benchmark starts a new run",
     "fork": "the benchmark starts a new run",
 }
@@ -156,9 +142,11 @@ def flow_overrides(root: str | Path, steps: int, eval_every: int, overrides: Seq
     return out
 
 
-def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides: Sequence[str]):
+def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides: Sequence[str],
+                 need_trl: bool = True):
     """Everything that can be refused, refused before any work: returns (resolved config of
-    our side, eval_every). Raises BenchmarkError (or ConfigError, also a ValueError)."""
+    our side, eval_every). Raises BenchmarkError (or ConfigError, also a ValueError). TRL
+    must be installed only when its side runs (`need_trl`)."""
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.resume import resolve_config
 
@@ -175,14 +163,8 @@ def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides
         key = _override_key(o)
         if key in CONTROLLED:
             raise BenchmarkError(f"override {o!r} is set by the benchmark ({CONTROLLED[key]})")
-    spec = importlib.util.find_spec("trl")
-    if spec is None:
-        raise BenchmarkError(f"TRL is not installed; {INSTALL_HINT}")
-    # start-up cost: only when the TRL version is checked
-    from packaging.version import Version
-
-    if Version(version("trl")) < Version("1.0"):
-        raise BenchmarkError(f"TRL {version('trl')} is too old (GRPOConfig as used here needs >= 1.0); {INSTALL_HINT}")
+    if need_trl:
+        check_trl()
     cfg = resolve_config(flow_overrides(root, steps, eval_every, overrides))
     problems = []
     if cfg.loop.mode != "sync":
@@ -209,31 +191,73 @@ def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides
     return cfg, eval_every
 
 
+def check_trl() -> None:
+    """TRL is installed and new enough (BenchmarkError with the install command if not)."""
+    if importlib.util.find_spec("trl") is None:
+        raise BenchmarkError(f"TRL is not installed; {INSTALL_HINT}")
+    # start-up cost: only when the TRL version is checked
+    from packaging.version import Version
+
+    if Version(version("trl")) < Version("1.0"):
+        raise BenchmarkError(f"TRL {version('trl')} is too old (GRPOConfig as used here needs >= 1.0); {INSTALL_HINT}")
+
+
+def load_side_policy(cfg, log: Callable[[str], Any] = print):
+    """(task, model, tokenizer) for a side outside the flow: the task the configuration names
+    and the policy our flow starts from (the cached warm start under tracking.root_dir, or
+    model.path), at model.torch_threads threads."""
+    # start-up cost: torch/transformers, only on this path
+    import torch
+    from omegaconf import OmegaConf
+
+    from replay_pipeline.config import TASK_DEFAULTS
+    from replay_pipeline.models.policy import load_policy
+    from replay_pipeline.runs import RunPaths
+    from replay_pipeline.tasks import task_from_config
+
+    if cfg.model.torch_threads:
+        torch.set_num_threads(cfg.model.torch_threads)
+    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
+    paths = RunPaths.make(cfg.tracking.root_dir, "peer-benchmark")  # only its cache/ is used
+    model, tokenizer, _ = load_policy(cfg, task, paths, log=log)
+    return task, model, tokenizer
+
+
 # ------------------------------------------------------------------ our side
 def _history(client, run_id: str, key: str) -> dict[int, float]:
     return {int(m.step): float(m.value) for m in client.get_metric_history(run_id, key)}
 
 
-def run_ours(overrides: list[str], steps: int) -> dict[str, Any]:
-    """Run the flow with `overrides`, then read its ledger back from MLflow."""
-    # start-up cost: torch/transformers, only on this path
-    import torch
+def ours_command(root: str | Path, steps: int, eval_every: int, overrides: Sequence[str], run_id: str,
+                 parent_run_id: str | None = None) -> list[str]:
+    """Our side as a user runs it: `python -m flows.train` with the benchmark's overrides."""
+    return [sys.executable, "-m", "flows.train", *flow_overrides(root, steps, eval_every, overrides, parent_run_id),
+            f"run_id={run_id}"]
+
+
+def read_ours(mlflow_uri: str, run_id: str, steps: int) -> dict[str, Any]:
+    """Our side's record, read back from the MLflow ledger of the flow run `run_id` (the run
+    tagged replay_pipeline.run_id = run_id in experiment EXPERIMENT)."""
+    # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
-    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from flows.train import train
-
-    start = time.perf_counter()
-    summary = train(overrides)
-    wall = time.perf_counter() - start
-    client = MlflowClient(tracking_uri=summary["mlflow_uri"])
-    rid = summary["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    found = client.search_runs([experiment.experiment_id], filter_string=f"tags.`replay_pipeline.run_id` = '{run_id}'",
+                               max_results=1) if experiment else []
+    if not found:
+        raise RuntimeError(f"no MLflow run of flow run {run_id} in experiment {EXPERIMENT!r} at {mlflow_uri}")
+    run = found[0]
+    rid = run.info.run_id
     rounds = _history(client, rid, "compute/round_seconds")
     gen = _history(client, rid, "compute/gen_seconds")
     tokens = _history(client, rid, "compute/gen_tokens")
     gen_train = _history(client, rid, "compute/gen_train_seconds")
     learn = _history(client, rid, "learn/seconds")
     evals = _history(client, rid, "eval/accuracy")
+    eval_seconds = _history(client, rid, "eval/seconds")
+    eval_tokens = _history(client, rid, "eval/greedy_tokens")
+    startup = _history(client, rid, "startup/seconds")
     missing = [s for s in range(steps) if s not in rounds or s not in learn or s not in gen]
     if missing:
         raise RuntimeError(f"the flow's MLflow run {rid} lacks round metrics for steps {missing[:5]}")
@@ -245,12 +269,15 @@ def run_ours(overrides: list[str], steps: int) -> dict[str, Any]:
                        "gen_tokens": tokens[before] if done else 0.0,
                        "seconds": rounds[before] if done else 0.0,
                        "gen_train_seconds": gen_train[before] if done else 0.0})
+    threads = run.data.params.get("model.torch_threads")
     return {
-        "name": "ours (flows.train, experiment=no_buffer)",
-        "run_id": summary["run_id"], "mlflow_run_id": rid,
+        "name": "ours (python -m flows.train experiment=no_buffer)",
+        "run_id": run_id, "mlflow_run_id": rid,
         "step_seconds": step_s, "gen_seconds": gen_s, "train_seconds": [learn[s] for s in range(steps)],
-        "gen_tokens": tokens[steps - 1], "evals": points, "torch_threads": torch.get_num_threads(),
-        "wall_seconds": wall,
+        "gen_tokens": tokens[steps - 1], "evals": points,
+        "eval_seconds": sum(eval_seconds.values()), "eval_tokens": sum(eval_tokens.values()),
+        "startup_seconds": startup.get(0), "torch_threads": int(threads) if threads else None,
+        "wall_seconds": (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else None,
     }
 
 
@@ -291,26 +318,18 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
     # start-up cost: torch/transformers, only on this path
     import torch
     from datasets import Dataset
-    from omegaconf import OmegaConf
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.evaluation import evaluate_greedy
     from replay_pipeline.generation import TransformersGenerator
-    from replay_pipeline.models.policy import load_policy
-    from replay_pipeline.runs import RunPaths
-    from replay_pipeline.config import TASK_DEFAULTS
-    from replay_pipeline.tasks import task_from_config
-    from replay_pipeline.tasks.base import Prompt
+    from replay_pipeline.run.accounting import process_started
     from replay_pipeline.run.batches import step_prompts
+    from replay_pipeline.tasks.base import Prompt
 
     start = time.perf_counter()
-    if cfg.model.torch_threads:
-        torch.set_num_threads(cfg.model.torch_threads)
-    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
-    paths = RunPaths.make(cfg.tracking.root_dir, "trl-compare")  # only its cache/ is used
-    model, tokenizer, _ = load_policy(cfg, task, paths, log=log)
+    task, model, tokenizer = load_side_policy(cfg, log)
     heldout = list(task.heldout_prompts())
     eos = tokenizer.eos_token_id
 
@@ -338,6 +357,8 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
     threads_seen: set[int] = set()
     points: list[dict[str, float]] = []
     eval_seconds: list[float] = []
+    eval_tokens: list[float] = []
+    startup: list[float] = []  # process creation to the first step, less the step-0 evaluation
 
     # Built before TRL patches the model's forward (GRPOTrainer adds a fused LM head whose
     # closure calls the original module's forward, so a deep copy made later would still run
@@ -348,7 +369,9 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=[]):  # evaluating must not move TRL's sampling stream
             eval_generator.load_weights(policy.state_dict(), done)
-            acc = evaluate_greedy(eval_generator, task, heldout, seed=cfg.seed)["eval/accuracy"]
+            scores = evaluate_greedy(eval_generator, task, heldout, seed=cfg.seed)
+        acc = scores["eval/accuracy"]
+        eval_tokens.append(scores["eval/greedy_tokens"])
         eval_seconds.append(time.perf_counter() - t0)
         tokens = float(sum(sum(batch) for batch in completion_lengths))
         points.append({"step": done, "accuracy": acc, "gen_tokens": tokens, "seconds": sum(step_seconds),
@@ -358,6 +381,8 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
         began = 0.0
 
         def on_step_begin(self, args, state, control, **kwargs):
+            if not startup:
+                startup.append(time.time() - process_started() - sum(eval_seconds))
             threads_seen.add(torch.get_num_threads())
             self.began = time.perf_counter()
 
@@ -387,7 +412,8 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
         "gen_tokens": float(sum(sum(b) for b in completion_lengths)),
         "completion_lengths": completion_lengths, "logged_mean_lengths": logged,
         "batch": cfg.loop.prompts_per_step * cfg.loop.group_size,
-        "evals": points, "eval_seconds": sum(eval_seconds),
+        "evals": points, "eval_seconds": sum(eval_seconds), "eval_tokens": sum(eval_tokens),
+        "startup_seconds": startup[0] if startup else None,
         "torch_threads": sorted(threads_seen)[0] if len(threads_seen) == 1 else sorted(threads_seen),
         "wall_seconds": wall,
         # as the trainer resolved them (not as passed), so a setting TRL overrode would show here
@@ -411,161 +437,6 @@ def _version(package: str) -> str:
         return "?"
 
 
-# ------------------------------------------------------------------ report
-def side_summary(side: dict[str, Any]) -> dict[str, float]:
-    accs = [p["accuracy"] for p in side["evals"]]
-    steps = side["step_seconds"]
-    return {
-        "step_seconds_mean": statistics.fmean(steps), "step_seconds_median": statistics.median(steps),
-        "gen_seconds_mean": statistics.fmean(side["gen_seconds"]),
-        "train_seconds_mean": statistics.fmean(side["train_seconds"]),
-        "other_seconds_mean": statistics.fmean(s - g - t for s, g, t in
-                                               zip(steps, side["gen_seconds"], side["train_seconds"])),
-        "total_step_seconds": sum(steps), "gen_tokens": side["gen_tokens"],
-        "accuracy_start": accs[0], "accuracy_final": accs[-1], "accuracy_best": max(accs),
-    }
-
-
-def report(result: dict[str, Any]) -> str:
-    ours, trl = result["ours"], result["trl"]
-    a, b = ours["summary"], trl["summary"]
-    s = result["settings"]
-    lines = [
-        f"Side by side with TRL: {s['steps']} learner steps each, {s['prompts_per_step']} prompts x "
-        f"{s['group_size']} completions per step, T={s['temperature']}, max_new_tokens={s['max_new_tokens']}, "
-        f"lr={s['lr']}, eps={s['eps_low']}/{s['eps_high']}, max_grad_norm={s['max_grad_norm']}, "
-        f"{s['torch_threads']} torch threads, seed {s['seed']}",
-        f"  ours: run {ours['run_id']}    TRL: {trl['name']} ({trl['optimizer']}, {trl['lr_scheduler']})",
-        "",
-        f"  {'':34}{'ours (no_buffer)':>18}{'TRL GRPOTrainer':>18}",
-    ]
-
-    def row(label: str, x: float, y: float | None, fmt: str = "{:.3f}") -> None:
-        right = "-" if y is None else fmt.format(y)
-        lines.append(f"  {label:34}{fmt.format(x):>18}{right:>18}")
-
-    row("seconds / learner step, mean", a["step_seconds_mean"], b["step_seconds_mean"])
-    row("seconds / learner step, median", a["step_seconds_median"], b["step_seconds_median"])
-    row("  generation (+ reward), mean", a["gen_seconds_mean"], b["gen_seconds_mean"])
-    row("  training, mean", a["train_seconds_mean"], b["train_seconds_mean"])
-    row("  other (pipeline), mean", a["other_seconds_mean"], None)  # TRL's is inside its two phases
-    row("seconds in steps, total", a["total_step_seconds"], b["total_step_seconds"], "{:.1f}")
-    row("generated tokens", a["gen_tokens"], b["gen_tokens"], "{:,.0f}")
-    row("held-out accuracy, start", a["accuracy_start"], b["accuracy_start"])
-    row("held-out accuracy, final", a["accuracy_final"], b["accuracy_final"])
-    row("held-out accuracy, best", a["accuracy_best"], b["accuracy_best"])
-    row("side wall seconds (setup, evals)", ours["wall_seconds"], trl["wall_seconds"], "{:.1f}")
-    ratio = b["step_seconds_mean"] / a["step_seconds_mean"]
-    head = f"{'tokens':>8} {'seconds':>8}"
-    lines += ["", f"  TRL / ours, seconds per step (mean): {ratio:.2f}x",
-              "", f"  held-out greedy accuracy ({s['heldout_prompts']} prompts) against compute:",
-              f"  {'step':>5} | {'ours acc':>8} {head} | {'TRL acc':>8} {head}"]
-    trl_at = {p["step"]: p for p in trl["evals"]}
-    for p in ours["evals"]:
-        q = trl_at.get(p["step"])
-        right = (f"{q['accuracy']:8.3f} {q['gen_tokens']:8.0f} {q['seconds']:8.1f}" if q else f"{'-':>8}" * 3)
-        lines.append(f"  {p['step']:>5} | {p['accuracy']:8.3f} {p['gen_tokens']:8.0f} {p['seconds']:8.1f} | {right}")
-    lines += ["", f"  {result['json_path']}", f"  {result['png_path']}",
-              f"  MLflow: experiment {EXPERIMENT!r}, run {result['mlflow_run_id']} ({result['mlflow_uri']})"]
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    # start-up cost: matplotlib, only when a plot is drawn
-    import matplotlib
-
-    matplotlib.use("Agg")
-    # start-up cost: matplotlib, only when a plot is drawn
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for key, label, style in (("ours", "ours (no_buffer)", "o-"), ("trl", "TRL GRPOTrainer", "s--")):
-        evals = result[key]["evals"]
-        acc = [p["accuracy"] for p in evals]
-        axes[0].plot([p["gen_tokens"] for p in evals], acc, style, label=label)
-        axes[1].plot([p["seconds"] for p in evals], acc, style, label=label)
-    axes[0].set_xlabel("cumulative generated tokens")
-    axes[1].set_xlabel("cumulative seconds in learner steps")
-    for ax in axes:
-        ax.set_ylabel("held-out greedy accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    s = result["settings"]
-    fig.suptitle(f"{s['steps']} steps, {s['prompts_per_step']}x{s['group_size']} rollouts/step, "
-                 f"lr {s['lr']}, {s['torch_threads']} threads")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------ the benchmark
-def run_benchmark(steps: int, root: str | Path, eval_every: int | None = None,
-                  overrides: Sequence[str] = (), log: Callable[[str], Any] = print) -> dict[str, Any]:
-    """Run both sides and write the outputs; returns the result (also in the JSON file)."""
-    # start-up cost: torch/transformers, only on this path
-    import torch
-
-    overrides = list(overrides)
-    _prefect_home(root)
-    cfg, eval_every = check_inputs(steps, root, eval_every, overrides)
-
-    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.runs import RunPaths, new_run_id
-    from replay_pipeline.runs import artifact_location
-    from replay_pipeline.tracking import MlflowTracker
-
-    stamp = new_run_id()
-    paths = RunPaths.make(root, f"trl_compare-{stamp}")
-    out_dir = paths.root / "benchmarks" / f"trl_compare-{stamp}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    mlflow_uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
-    tracker = MlflowTracker(uri=mlflow_uri, experiment=EXPERIMENT,
-                            artifact_location=artifact_location(cfg, paths, mlflow_uri),
-                            run_name=f"trl_compare-{stamp}", tags={"replay_pipeline.benchmark": "trl_compare"})
-    status = "FAILED"
-    try:
-        settings = {
-            "steps": steps, "eval_every": eval_every, "seed": int(cfg.seed),
-            "prompts_per_step": cfg.loop.prompts_per_step, "group_size": cfg.loop.group_size,
-            "batch": cfg.loop.prompts_per_step * cfg.loop.group_size,
-            "temperature": cfg.generator.temperature, "top_p": cfg.generator.top_p,
-            "max_new_tokens": cfg.generator.max_new_tokens, "lr": cfg.algo.lr,
-            "eps_low": cfg.algo.eps_low, "eps_high": cfg.algo.eps_high,
-            "max_grad_norm": cfg.algo.max_grad_norm, "loss_agg": cfg.algo.loss_agg,
-            "torch_threads": cfg.model.torch_threads or torch.get_num_threads(),
-            "heldout_prompts": cfg.task.heldout_size, "overrides": overrides,
-            "versions": {p: _version(p) for p in ("trl", "transformers", "torch", "accelerate")},
-        }
-        tracker.log_params({f"settings.{k}": v for k, v in settings.items() if k != "versions"}
-                           | {f"versions.{k}": v for k, v in settings["versions"].items()})
-        log(f"[trl_compare] our side: flows.train experiment=no_buffer, {steps} steps")
-        ours = run_ours(flow_overrides(root, steps, eval_every, overrides, tracker.run_id), steps)
-        log(f"[trl_compare] TRL's side: GRPOTrainer, {steps} steps")
-        trl = run_trl(cfg, steps, eval_every, out_dir / "trl-output", log=log)
-        _remove_if_empty(out_dir / "trl-output")
-        ours["summary"], trl["summary"] = side_summary(ours), side_summary(trl)
-        result = {"settings": settings, "ours": ours, "trl": trl, "out_dir": str(out_dir),
-                  "json_path": str(out_dir / RESULT_JSON), "png_path": str(out_dir / RESULT_PNG),
-                  "mlflow_run_id": tracker.run_id, "mlflow_uri": mlflow_uri, "experiment": EXPERIMENT}
-        (out_dir / RESULT_JSON).write_text(json.dumps(result, indent=2, default=str))
-        plot(result, out_dir / RESULT_PNG)
-        for key in ("ours", "trl"):
-            for p in result[key]["evals"]:
-                tracker.log_metrics({f"{key}/accuracy": p["accuracy"], f"{key}/gen_tokens": p["gen_tokens"],
-                                     f"{key}/seconds": p["seconds"]}, step=p["step"])
-            tracker.log_metrics({f"{key}/{k}": v for k, v in result[key]["summary"].items()}, step=steps)
-        tracker.set_tags({"replay_pipeline.flow_run_id": ours["run_id"],
-                          "replay_pipeline.flow_mlflow_run_id": ours["mlflow_run_id"]})
-        tracker.log_artifacts(out_dir)
-        status = "FINISHED"
-        return result
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        tracker.finish(status)
-
-
 def _prefect_home(root: str | Path) -> None:
     """Prefect's ephemeral state under the run root, as `python -m flows.train` keeps it
     (effective only before Prefect is first imported; a set PREFECT_HOME wins)."""
@@ -577,35 +448,3 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m replay_pipeline.benchmarks.trl_compare",
-        description="Our no-buffer loop and TRL's GRPOTrainer side by side: seconds per learner step "
-                    "and held-out accuracy against compute.")
-    parser.add_argument("--steps", type=int, default=100, help="learner steps on each side (default 100)")
-    parser.add_argument("--root", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"),
-                        help="run root (tracking.root_dir); outputs under <root>/benchmarks/")
-    parser.add_argument("--eval-every", type=int, default=None,
-                        help="held-out evaluation every E steps, plus start and end (default steps // 10; "
-                             "0: start and end only)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for both sides, e.g. algo.lr=6e-5")
-    args = parser.parse_args(argv)
-    _prefect_home(args.root)
-    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.config import ConfigError
-
-    try:
-        check_inputs(args.steps, args.root, args.eval_every, args.overrides)  # fail before any work
-    except (BenchmarkError, ConfigError, PermissionError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    result = run_benchmark(args.steps, args.root, args.eval_every, args.overrides)
-    print()
-    print(report(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,10 @@
-"""Side by side with TRL, end to end: `replay_pipeline.benchmarks.trl_compare.main` runs the
-real flow (experiment=no_buffer) and TRL's GRPOTrainer for a few steps on the tiny test
-configuration, then its JSON, PNG and MLflow run are read back and checked.
+"""The interleaved peer benchmark, end to end: `replay_pipeline.benchmarks.peers.main` runs our
+flow (`python -m flows.train experiment=no_buffer`), TRL's GRPOTrainer and the bare loop for a
+few steps on the tiny test configuration, two repeats in blocks, each a process of its own;
+then its JSON, PNG and MLflow run are read back and checked.
 
 The tiny warm start is kept between test sessions in pytest's cache directory
-(.pytest_cache/d/trl_compare_warmstart, content-addressed like runs/cache: a directory's name
+(.pytest_cache/d/peers_warmstart, content-addressed like runs/cache: a directory's name
 is the hash of every setting that shapes it) and copied into the run root first, so only the
 first session pays for it (about 30 s here); `-p no:cacheprovider` or `--cache-clear` makes the
 test warm-start from scratch.
@@ -18,18 +19,19 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from replay_pipeline.benchmarks.trl_compare import EXPERIMENT, RESULT_JSON, RESULT_PNG, main
+from replay_pipeline.benchmarks.peers import RESULT_JSON, RESULT_PNG, SIDES, main
+from replay_pipeline.benchmarks.sides import EXPERIMENT
 from replay_pipeline.resume import resolve_config
 from tests.conftest import TINY_OVERRIDES
 
-STEPS, EVAL_EVERY = 3, 2
+STEPS, EVAL_EVERY, REPEATS = 3, 2, 2
 EVAL_STEPS = [0, 2, 3]  # start, every EVAL_EVERY, end
 BATCH = 16  # 4 prompts x 4 completions (TRL's num_generations = loop.group_size = 4)
 
 
 def _stored_warm_starts(config) -> Path | None:
     cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
-    return None if cache is None else Path(cache.mkdir("trl_compare_warmstart"))
+    return None if cache is None else Path(cache.mkdir("peers_warmstart"))
 
 
 def _copy_complete(src: Path, dst: Path) -> None:
@@ -41,53 +43,89 @@ def _copy_complete(src: Path, dst: Path) -> None:
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory, request):
-    root = tmp_path_factory.mktemp("trl-compare")
+    root = tmp_path_factory.mktemp("peers")
     stored = _stored_warm_starts(request.config)
     if stored is not None:
         _copy_complete(stored, root / "cache")
-    assert main(["--steps", str(STEPS), "--eval-every", str(EVAL_EVERY), "--root", str(root),
-                 *TINY_OVERRIDES]) == 0
+    assert main(["--steps", str(STEPS), "--eval-every", str(EVAL_EVERY), "--repeats", str(REPEATS),
+                 "--root", str(root), *TINY_OVERRIDES]) == 0
     if stored is not None:
         _copy_complete(root / "cache", stored)
-    (out,) = sorted((root / "benchmarks").glob("trl_compare-*"))
+    (out,) = sorted((root / "benchmarks").glob("peers-*"))
     return root, out, json.loads((out / RESULT_JSON).read_text())
 
 
-def test_both_sides_measured_seconds_per_step(bench):
+def _each(result):
+    """(side, record) for every side and repeat."""
+    return [(side, r) for side in SIDES for r in result["records"][side]]
+
+
+def test_every_side_ran_in_blocks_of_fresh_processes(bench):
+    root, out, result = bench
+    assert result["settings"]["sides"] == list(SIDES) and result["settings"]["repeats"] == REPEATS
+    for side in SIDES:
+        assert [r["repeat"] for r in result["records"][side]] == list(range(1, REPEATS + 1))
+    # one log per process, written in block order: ours trl bare, ours trl bare
+    logs = sorted((out / "logs").glob("repeat*.log"), key=lambda p: p.stat().st_mtime)
+    assert [p.stem for p in logs] == [f"repeat{r}-{side}" for r in range(1, REPEATS + 1) for side in SIDES]
+    # our side is the real command: two flow runs of their own, children of the benchmark's run
+    ours = result["records"]["ours"]
+    assert len({r["run_id"] for r in ours}) == REPEATS
+    assert all((root / r["run_id"] / "config.yaml").is_file() for r in ours)
+    assert all(r["process_seconds"] > 0 for _, r in _each(result))
+
+
+def test_every_side_measured_seconds_per_step(bench):
     _, _, result = bench
-    for side in ("ours", "trl"):
-        r = result[side]
+    for side, r in _each(result):
         assert len(r["step_seconds"]) == len(r["gen_seconds"]) == len(r["train_seconds"]) == STEPS
         assert all(s > 0 for s in r["step_seconds"]), side
         assert all(g > 0 for g in r["gen_seconds"]) and all(t > 0 for t in r["train_seconds"]), side
-        s = r["summary"]
-        assert s["step_seconds_mean"] > 0 and s["step_seconds_median"] > 0
-        assert r["torch_threads"] == 2  # model.torch_threads on both sides
-    # TRL's step is generation + training; ours also holds the pipeline's own cost
-    for s, g, t in zip(result["trl"]["step_seconds"], result["trl"]["gen_seconds"], result["trl"]["train_seconds"]):
-        assert g + t == pytest.approx(s)
-    for s, g, t in zip(result["ours"]["step_seconds"], result["ours"]["gen_seconds"], result["ours"]["train_seconds"]):
-        assert g + t <= s + 1e-6
+        assert r["torch_threads"] == 2, side  # model.torch_threads on every side
+        assert r["startup_seconds"] > 0, side
+    for side, r in _each(result):
+        for s, g, t in zip(r["step_seconds"], r["gen_seconds"], r["train_seconds"]):
+            if side == "trl":  # TRL's step is generation + training by construction
+                assert g + t == pytest.approx(s)
+            else:  # ours holds the pipeline's own cost too; the bare loop a few lines of its own
+                assert g + t <= s + 1e-6
+
+
+def test_summary_holds_spreads_and_within_repeat_ratios(bench):
+    _, _, result = bench
+    summary = result["summary"]
+    for side in SIDES:
+        step = summary["sides"][side]["step_s"]
+        medians = [f["step_s"] for f in summary["sides"][side]["per_repeat"]]
+        assert step["n"] == REPEATS and step["min"] <= step["median"] <= step["max"]
+        assert (step["min"], step["max"]) == (min(medians), max(medians))
+    for peer in ("trl", "bare"):
+        ratio = summary["ratios"][peer]
+        ours = [f["step_s"] for f in summary["sides"]["ours"]["per_repeat"]]
+        theirs = [f["step_s"] for f in summary["sides"][peer]["per_repeat"]]
+        assert ratio["per_repeat"] == pytest.approx([a / b for a, b in zip(ours, theirs)])
+        assert ratio["met"] == (ratio["median"] <= ratio["target"])
+    assert summary["startup"]["median_s"] == pytest.approx(summary["sides"]["ours"]["startup_s"]["median"])
 
 
 def test_trl_generated_tokens_are_the_completions_it_produced(bench):
     _, _, result = bench
-    trl = result["trl"]
-    lengths = trl["completion_lengths"]
-    assert len(lengths) == STEPS and all(len(batch) == BATCH for batch in lengths)
-    max_new = result["settings"]["max_new_tokens"]
-    assert all(1 <= n <= max_new for batch in lengths for n in batch)
-    assert trl["gen_tokens"] == sum(sum(batch) for batch in lengths) > 0
-    # the same count from TRL's own log: batch x its mean completion length, step by step
-    assert len(trl["logged_mean_lengths"]) == STEPS
-    assert trl["gen_tokens"] == pytest.approx(sum(BATCH * m for m in trl["logged_mean_lengths"]))
-    assert result["ours"]["gen_tokens"] > 0
+    for trl in result["records"]["trl"]:
+        lengths = trl["completion_lengths"]
+        assert len(lengths) == STEPS and all(len(batch) == BATCH for batch in lengths)
+        max_new = result["settings"]["max_new_tokens"]
+        assert all(1 <= n <= max_new for batch in lengths for n in batch)
+        assert trl["gen_tokens"] == sum(sum(batch) for batch in lengths) > 0
+        # the same count from TRL's own log: batch x its mean completion length, step by step
+        assert len(trl["logged_mean_lengths"]) == STEPS
+        assert trl["gen_tokens"] == pytest.approx(sum(BATCH * m for m in trl["logged_mean_lengths"]))
+    assert all(r["gen_tokens"] > 0 for _, r in _each(result))
 
 
 def test_trl_runs_with_our_resolved_settings(bench):
     root, _, result = bench
     cfg = resolve_config(["experiment=no_buffer", f"tracking.root_dir={root}", *TINY_OVERRIDES])
-    c = result["trl"]["config"]
+    c = result["records"]["trl"][0]["config"]
     assert c["num_generations"] == cfg.loop.group_size == 4
     assert c["per_device_train_batch_size"] == cfg.loop.prompts_per_step * cfg.loop.group_size == BATCH
     assert c["steps_per_generation"] == 1 and c["num_iterations"] == 1 and c["max_steps"] == STEPS
@@ -99,28 +137,29 @@ def test_trl_runs_with_our_resolved_settings(bench):
     assert (c["lr_scheduler_type"], c["warmup_steps"], c["bf16"], c["use_cpu"]) == ("constant", 0, False, True)
     assert c.get("activation_checkpointing", c.get("gradient_checkpointing")) is False
     assert c["report_to"] in ("none", "[]", [])  # TrainingArguments turns "none" into an empty list
-    assert result["trl"]["optimizer"] == "AdamW"
+    assert result["records"]["trl"][0]["optimizer"] == "AdamW"
 
 
-def test_accuracy_against_compute_on_both_sides(bench):
+def test_accuracy_against_compute_on_every_side(bench):
     _, _, result = bench
-    ours, trl = result["ours"]["evals"], result["trl"]["evals"]
-    assert [p["step"] for p in ours] == [p["step"] for p in trl] == EVAL_STEPS
-    for points in (ours, trl):
+    first = {side: result["records"][side][0]["evals"] for side in SIDES}
+    for side, r in _each(result):
+        points = r["evals"]
+        assert [p["step"] for p in points] == EVAL_STEPS, side
         assert all(0.0 <= p["accuracy"] <= 1.0 for p in points)
         assert points[0]["gen_tokens"] == 0 and points[0]["seconds"] == 0
         tokens = [p["gen_tokens"] for p in points]
         seconds = [p["seconds"] for p in points]
         assert tokens == sorted(tokens) and seconds == sorted(seconds) and tokens[-1] > 0
-    # step 0 is the same warm-started weights and the same evaluator on both sides
-    assert ours[0]["accuracy"] == trl[0]["accuracy"]
-    assert trl[-1]["gen_tokens"] == result["trl"]["gen_tokens"]
-    assert ours[-1]["gen_tokens"] == result["ours"]["gen_tokens"]
-    assert trl[-1]["seconds"] == pytest.approx(sum(result["trl"]["step_seconds"]))
-    for side in ("ours", "trl"):
-        s = result[side]["summary"]
-        assert s["accuracy_final"] == result[side]["evals"][-1]["accuracy"]
-        assert s["accuracy_best"] == max(p["accuracy"] for p in result[side]["evals"])
+        assert points[-1]["gen_tokens"] == r["gen_tokens"]
+        # deterministic under the seed: every repeat of a side gives the same accuracies
+        assert [p["accuracy"] for p in points] == [p["accuracy"] for p in first[side]], side
+    for side in SIDES:
+        assert result["summary"]["sides"][side]["accuracy_repeatable"]
+    # step 0 is the same warm-started weights and the same evaluator on every side
+    assert len({first[side][0]["accuracy"] for side in SIDES}) == 1
+    for trl in result["records"]["trl"]:
+        assert trl["evals"][-1]["seconds"] == pytest.approx(sum(trl["step_seconds"]))
 
 
 def test_outputs_and_mlflow_run(bench):
@@ -133,12 +172,17 @@ def test_outputs_and_mlflow_run(bench):
     assert run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == EXPERIMENT
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {RESULT_JSON, RESULT_PNG}
-    accuracy = client.get_metric_history(run.info.run_id, "trl/accuracy")
-    assert sorted(m.step for m in accuracy) == EVAL_STEPS
+    for side in SIDES:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, f"{side}/accuracy")) == EVAL_STEPS
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, f"{side}/step_s")) == [1, 2]
+    assert {"ratio/ours_over_trl", "ratio/ours_over_bare"} <= set(run.data.metrics)
     assert run.data.params["settings.steps"] == str(STEPS)
-    # the flow's own run is a child of the comparison run, in the same experiment
-    flow_run = client.get_run(result["ours"]["mlflow_run_id"])
-    assert flow_run.data.tags["mlflow.parentRunId"] == run.info.run_id
-    assert flow_run.info.experiment_id == run.info.experiment_id
-    ledger = client.get_metric_history(flow_run.info.run_id, "compute/gen_tokens")
-    assert max(m.value for m in ledger) == result["ours"]["gen_tokens"]
+    # our side's flow runs are children of the benchmark's run, in the same experiment
+    for ours in result["records"]["ours"]:
+        flow_run = client.get_run(ours["mlflow_run_id"])
+        assert flow_run.data.tags["mlflow.parentRunId"] == run.info.run_id
+        assert flow_run.info.experiment_id == run.info.experiment_id
+        ledger = client.get_metric_history(flow_run.info.run_id, "compute/gen_tokens")
+        assert max(m.value for m in ledger) == ours["gen_tokens"]
+        startup = client.get_metric_history(flow_run.info.run_id, "startup/seconds")
+        assert [m.value for m in startup] == [ours["startup_seconds"]]

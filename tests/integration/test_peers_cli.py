@@ -1,11 +1,11 @@
-"""replay_pipeline.benchmarks.trl_compare refuses bad input before any work, saying what to
-fix (moved out of the e2e tier: nothing here trains)."""
+"""replay_pipeline.benchmarks.peers refuses bad input before any work, saying what to fix
+(nothing here trains)."""
 
 from __future__ import annotations
 
 import pytest
 
-from replay_pipeline.benchmarks.trl_compare import main
+from replay_pipeline.benchmarks.peers import main
 
 
 @pytest.mark.parametrize("args, message", [
@@ -16,9 +16,19 @@ from replay_pipeline.benchmarks.trl_compare import main
     (["--steps", "3", "loop.updates_per_step=2", "loop.minibatch_size=32"], "loop.updates_per_step=2"),
     (["--steps", "3", "algo.lrr=1e-4"], "Invalid configuration"),
     (["--steps", "3", "notanoverride"], "not overrides"),
+    (["--steps", "3", "--repeats", "0"], "--repeats 0 must be >= 1"),
+    (["--steps", "3", "run_id=mine"], "each repeat of our side names its own run"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path, capsys, args, message):
     root = tmp_path / "never-created"
     assert main([*args, "--root", str(root)]) == 2
     assert message in capsys.readouterr().err
     assert not root.exists()
+
+
+def test_an_unknown_side_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--sides", "ours,verl", "--root", str(tmp_path / "never-created")])
+    assert exit_info.value.code == 2
+    assert "distinct sides among ours, trl, bare" in capsys.readouterr().err
+    assert not (tmp_path / "never-created").exists()

@@ -1,0 +1,441 @@
+"""Performance side by side, interleaved: our no-buffer loop, TRL's GRPOTrainer and a bare
+torch loop on the same warm start, prompts, shapes and settings, alternated in blocks.
+
+    python -m replay_pipeline.benchmarks.peers                              # 40 steps, 3 repeats
+    python -m replay_pipeline.benchmarks.peers --steps 60 --repeats 5 --root /tmp/peers
+    python -m replay_pipeline.benchmarks.peers --sides ours,bare algo.lr=6e-5
+
+Needs the dev extra for TRL's side (`pip install -e '.[dev]'`, which brings `trl`).
+
+The sides (replay_pipeline/benchmarks/sides.py and bare.py):
+- **ours**: `python -m flows.train experiment=no_buffer` as a user runs it (every rollout stored
+  in LanceDB, usage records, MLflow, Prefect), its figures read back from its MLflow ledger;
+- **trl**: `trl.GRPOTrainer` with every setting mirrored from our resolved configuration;
+- **bare**: generate, score, one GRPO step, nothing stored (the physical reference).
+
+How it runs:
+1. every input is checked before any work (sides.check_inputs); model.torch_threads=0 (auto)
+   is resolved once here and passed to every side, so all sides run on the same thread count;
+2. the warm start is built or found in `<root>/cache` by a process of its own, not timed;
+3. repeats x sides processes, in blocks: ours trl bare, ours trl bare, ... (each side a fresh
+   process with the same seed, one at a time; their output goes to `<out>/logs/`);
+4. per side and repeat, the median seconds per learner step and the generation / training /
+   pipeline split (the medians of each part), start-up (process creation to the first step,
+   less the step-0 evaluation), evaluation cost; per side, the median of the repeats' figures
+   with their min and max; the ratios ours/trl and ours/bare taken within each repeat (a
+   repeat's medians, so a slow spell of the machine hits the sides of one block alike), with
+   their median, min and max.
+
+Targets (issue 26): ours <= 1.0x TRL and <= 1.05x the bare loop (median of the within-repeat
+ratios); start-up to the first round under 10 s with a cached warm start (ours, median);
+evaluations no slower per token than the round's own generation (greedy evaluation in
+batches of up to generator.batch_size against sampling the step's rollouts: `eval_ms_per_token`
+<= `gen_ms_per_token`).
+
+Output: a table on stdout, `<root>/benchmarks/peers-<stamp>/peers.json` (every side's record
+of every repeat, the summary and the settings) and `peers.png` (held-out accuracy against
+generated tokens and against seconds in learner steps, each repeat; the per-step split),
+both logged as artifacts of an MLflow run in experiment `peer-benchmark` of the store the flow
+uses, with the summary as metrics; our side's flow runs are its children.
+
+Decisions:
+- Fresh processes rather than resets: a process carries allocator and thread-pool state and
+  imported modules, and our side's start-up is only measurable in a new process.
+- The order within a block stays ours, trl, bare (A B C A B C): with at least 3 repeats each
+  side has neighbours on both sides in time; the per-repeat ratios show a drift if there is one.
+- Accuracy is deterministic per side under the seed; `accuracy_repeatable` says whether every
+  repeat gave the same accuracies (seconds are not).
+- Measure on a quiet machine (see sides.py): interleaving spreads a slow spell over the sides
+  of a block, but only a quiet machine gives figures to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from replay_pipeline.benchmarks.sides import (EXPERIMENT, BenchmarkError, _prefect_home, _remove_if_empty,
+                                              _version, check_inputs, ours_command, read_ours)
+
+RESULT_JSON = "peers.json"
+RESULT_PNG = "peers.png"
+SIDES = ("ours", "trl", "bare")
+LABELS = {"ours": "ours (no_buffer)", "trl": "TRL GRPOTrainer", "bare": "bare torch loop"}
+#: Target ratios, ours over each peer, seconds per learner step (median of within-repeat ratios).
+RATIO_TARGETS = {"trl": 1.0, "bare": 1.05}
+STARTUP_TARGET_S = 10.0
+#: The per-repeat figures summarised for every side.
+FIGURES = ("step_s", "gen_s", "train_s", "other_s", "step_mean_s", "steps_total_s", "startup_s",
+           "eval_ms_per_token", "gen_ms_per_token", "process_s")
+
+
+# ------------------------------------------------------------------ one side, one repeat
+def repeat_figures(record: Mapping[str, Any]) -> dict[str, float | None]:
+    """One side's figures for one repeat: medians per learner step of the step and of its
+    parts (other = step - generation - training: the pipeline's own cost, 0 for TRL whose
+    step is generation + training by construction), the mean and total, start-up, evaluation
+    and generation cost per token, and the process's wall seconds."""
+    steps, gen, train = record["step_seconds"], record["gen_seconds"], record["train_seconds"]
+    if not steps or not (len(steps) == len(gen) == len(train)):
+        raise ValueError(f"{record.get('name')}: {len(steps)} step, {len(gen)} generation and {len(train)} "
+                         "training times: they must be as many, and at least one")
+    other = [max(s - g - t, 0.0) for s, g, t in zip(steps, gen, train)]
+    tokens, eval_tokens = float(record["gen_tokens"]), float(record.get("eval_tokens") or 0.0)
+    return {
+        "step_s": statistics.median(steps), "gen_s": statistics.median(gen), "train_s": statistics.median(train),
+        "other_s": statistics.median(other), "step_mean_s": statistics.fmean(steps), "steps_total_s": sum(steps),
+        "startup_s": record.get("startup_seconds"),
+        "eval_ms_per_token": 1000 * record["eval_seconds"] / eval_tokens if eval_tokens else None,
+        "gen_ms_per_token": 1000 * sum(gen) / tokens if tokens else None,
+        "process_s": record.get("process_seconds"),
+    }
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, float] | None:
+    """median, min and max of the values that are there (None when none is)."""
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return None
+    return {"median": statistics.median(present), "min": min(present), "max": max(present), "n": len(present)}
+
+
+def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Per side: each figure's median, min and max over the repeats, the final and best
+    accuracy and whether the accuracies repeat. Ratios ours/peer within each repeat (a
+    repeat's median seconds per step), with their median, min and max, against the targets."""
+    repeats = {len(v) for v in records.values()}
+    if len(repeats) != 1 or not repeats.pop():
+        raise ValueError(f"every side needs the same number (>= 1) of repeats: {({k: len(v) for k, v in records.items()})}")
+    out: dict[str, Any] = {"sides": {}, "ratios": {}}
+    per_repeat = {side: [repeat_figures(r) for r in recs] for side, recs in records.items()}
+    for side, figures in per_repeat.items():
+        accuracies = [[p["accuracy"] for p in r["evals"]] for r in records[side]]
+        out["sides"][side] = {
+            **{name: _spread([f[name] for f in figures]) for name in FIGURES},
+            "per_repeat": figures,
+            "gen_tokens": _spread([r["gen_tokens"] for r in records[side]]),
+            "accuracy_start": accuracies[0][0], "accuracy_final": accuracies[0][-1],
+            "accuracy_best": max(accuracies[0]),
+            "accuracy_repeatable": all(a == accuracies[0] for a in accuracies),
+        }
+    if "ours" in per_repeat:
+        ours = [f["step_s"] for f in per_repeat["ours"]]
+        for peer, target in RATIO_TARGETS.items():
+            if peer in per_repeat:
+                ratios = [a / f["step_s"] for a, f in zip(ours, per_repeat[peer])]
+                spread = _spread(ratios)
+                out["ratios"][peer] = {**spread, "per_repeat": ratios, "target": target,
+                                       "met": spread["median"] <= target}
+        startup = out["sides"]["ours"]["startup_s"]
+        out["startup"] = {"target_s": STARTUP_TARGET_S, "median_s": startup and startup["median"],
+                          "met": bool(startup) and startup["median"] < STARTUP_TARGET_S}
+    out["evaluation"] = {side: {"eval_ms_per_token": s["eval_ms_per_token"] and s["eval_ms_per_token"]["median"],
+                                "gen_ms_per_token": s["gen_ms_per_token"] and s["gen_ms_per_token"]["median"]}
+                         for side, s in out["sides"].items()}
+    for side, e in out["evaluation"].items():
+        e["met"] = None if None in e.values() else e["eval_ms_per_token"] <= e["gen_ms_per_token"]
+    return out
+
+
+# ------------------------------------------------------------------ processes
+def worker_command(side: str, root: str | Path, steps: int, eval_every: int, overrides: Sequence[str],
+                   out: Path) -> list[str]:
+    """A side other than ours (or the untimed preparation) in a process of its own."""
+    return [sys.executable, "-m", "replay_pipeline.benchmarks.peers", "--side", side, "--out", str(out),
+            "--root", str(root), "--steps", str(steps), "--eval-every", str(eval_every), *overrides]
+
+
+def run_process(command: list[str], log_path: Path, timeout: float) -> float:
+    """Run `command` to its end with its output in `log_path`; its wall seconds. A failure
+    raises with the log's last lines."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with log_path.open("w") as log:
+        try:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    seconds = time.perf_counter() - start
+    if code != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"{' '.join(command[:4])} ... ended with {code} after {seconds:.0f} s; "
+                           f"its log is {log_path}:\n{tail}")
+    return seconds
+
+
+def run_worker(side: str, steps: int, root: str, eval_every: int, overrides: Sequence[str], out: Path) -> None:
+    """`--side`: one side (trl, bare) or the preparation (prepare: the warm start only) in this
+    process; its record goes to `out` as JSON."""
+    cfg, eval_every = check_inputs(steps, root, eval_every, overrides, need_trl=side == "trl")
+    if side == "prepare":
+        # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+        from replay_pipeline.benchmarks.sides import load_side_policy
+
+        load_side_policy(cfg)
+        record: dict[str, Any] = {"prepared": True}
+    elif side == "trl":
+        # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+        from replay_pipeline.benchmarks.sides import run_trl
+
+        record = run_trl(cfg, steps, eval_every, out.parent / f"{out.stem}-trl-output")
+        _remove_if_empty(out.parent / f"{out.stem}-trl-output")
+    elif side == "bare":
+        # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+        from replay_pipeline.benchmarks.bare import run_bare
+
+        record = run_bare(cfg, steps, eval_every)
+    else:
+        raise BenchmarkError(f"--side {side!r}: one of trl, bare, prepare (ours runs as python -m flows.train)")
+    out.write_text(json.dumps(record, default=str))
+
+
+# ------------------------------------------------------------------ report
+def _fmt(spread: Mapping[str, float] | None, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    if not spread:
+        return "-"
+    mid, lo, hi = (fmt.format(spread[k] * scale) for k in ("median", "min", "max"))
+    return f"{mid} [{lo}-{hi}]"
+
+
+def report(result: Mapping[str, Any]) -> str:
+    s, summary = result["settings"], result["summary"]
+    sides = [side for side in SIDES if side in summary["sides"]]
+    lines = [
+        f"Peer benchmark, interleaved: {s['repeats']} repeats of {' '.join(sides)} (a fresh process each), "
+        f"{s['steps']} learner steps a side, {s['prompts_per_step']} prompts x {s['group_size']} completions a "
+        f"step, T={s['temperature']}, max_new_tokens={s['max_new_tokens']}, lr={s['lr']}, "
+        f"{s['torch_threads']} torch threads, seed {s['seed']}",
+        "  medians over the repeats [min-max]; per step, the median of its steps",
+        "",
+        f"  {'':36}" + "".join(f"{LABELS[side]:>26}" for side in sides),
+    ]
+
+    def row(label: str, key: str, scale: float = 1000.0, fmt: str = "{:.1f}") -> None:
+        lines.append(f"  {label:36}" + "".join(f"{_fmt(summary['sides'][side][key], scale, fmt):>26}"
+                                               for side in sides))
+
+    row("ms / learner step", "step_s")
+    row("  generation (+ reward)", "gen_s")
+    row("  training", "train_s")
+    row("  pipeline (the rest)", "other_s")
+    row("ms / learner step, mean", "step_mean_s")
+    row("start-up to the first step, s", "startup_s", 1.0)
+    row("process wall seconds", "process_s", 1.0, "{:.0f}")
+    row("evaluation, ms / greedy token", "eval_ms_per_token", 1.0, "{:.3f}")
+    row("generation in steps, ms / token", "gen_ms_per_token", 1.0, "{:.3f}")
+    row("generated tokens", "gen_tokens", 1.0, "{:,.0f}")
+    for key in ("accuracy_start", "accuracy_final", "accuracy_best"):
+        lines.append(f"  {'held-out accuracy, ' + key.split('_')[1]:36}"
+                     + "".join(f"{summary['sides'][side][key]:>26.3f}" for side in sides))
+    lines.append(f"  {'accuracy the same in every repeat':36}"
+                 + "".join(f"{str(summary['sides'][side]['accuracy_repeatable']).lower():>26}" for side in sides))
+    lines.append("")
+    for peer, r in summary["ratios"].items():
+        each = ", ".join(f"{x:.3f}" for x in r["per_repeat"])
+        lines.append(f"  ours / {peer}, seconds per step: {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}] "
+                     f"(repeats: {each}); target <= {r['target']:.2f}: {'met' if r['met'] else 'MISSED'}")
+    if "startup" in summary:
+        st = summary["startup"]
+        shown = "-" if st["median_s"] is None else f"{st['median_s']:.1f} s"
+        lines.append(f"  ours, start-up to the first round: {shown}; target < {st['target_s']:.0f} s: "
+                     f"{'met' if st['met'] else 'MISSED'}")
+    for side, e in summary["evaluation"].items():
+        if e["met"] is not None:
+            lines.append(f"  {side}: evaluation {e['eval_ms_per_token']:.3f} ms per greedy token against "
+                         f"{e['gen_ms_per_token']:.3f} ms per sampled token in its steps: "
+                         f"{'no slower' if e['met'] else 'SLOWER'}")
+    lines += ["", f"  {result['json_path']}", f"  {result['png_path']}",
+              f"  MLflow: experiment {EXPERIMENT!r}, run {result['mlflow_run_id']} ({result['mlflow_uri']})"]
+    return "\n".join(lines)
+
+
+def plot(result: Mapping[str, Any], path: Path) -> None:
+    # start-up cost: matplotlib, only when a plot is drawn
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # start-up cost: matplotlib, only when a plot is drawn
+    import matplotlib.pyplot as plt
+
+    summary, records = result["summary"], result["records"]
+    sides = [side for side in SIDES if side in records]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    for i, side in enumerate(sides):
+        color = f"C{i}"
+        for r, record in enumerate(records[side]):
+            evals = record["evals"]
+            acc = [p["accuracy"] for p in evals]
+            label = LABELS[side] if r == 0 else None
+            axes[0].plot([p["gen_tokens"] for p in evals], acc, "o-", color=color, alpha=0.8, label=label)
+            axes[1].plot([p["seconds"] for p in evals], acc, "o-", color=color, alpha=0.5, label=label)
+    axes[0].set_xlabel("cumulative generated tokens")
+    axes[1].set_xlabel("cumulative seconds in learner steps (each repeat)")
+    for ax in axes[:2]:
+        ax.set_ylabel("held-out greedy accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    bottom = [0.0] * len(sides)
+    for part, label in (("gen_s", "generation"), ("train_s", "training"), ("other_s", "pipeline")):
+        heights = [1000 * summary["sides"][side][part]["median"] for side in sides]
+        axes[2].bar([LABELS[side] for side in sides], heights, bottom=bottom, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    step = [summary["sides"][side]["step_s"] for side in sides]
+    axes[2].errorbar([LABELS[side] for side in sides], [1000 * s["median"] for s in step],
+                     yerr=[[1000 * (s["median"] - s["min"]) for s in step], [1000 * (s["max"] - s["median"]) for s in step]],
+                     fmt="k.", capsize=4, label="step (min-max over repeats)")
+    axes[2].set_ylabel("ms per learner step (medians)")
+    axes[2].legend()
+    s = result["settings"]
+    fig.suptitle(f"{s['repeats']} interleaved repeats, {s['steps']} steps, {s['prompts_per_step']}x{s['group_size']} "
+                 f"rollouts/step, {s['torch_threads']} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ the benchmark
+def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | None = None,
+                  overrides: Sequence[str] = (), sides: Sequence[str] = SIDES, timeout: float = 3600.0,
+                  log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """Check, prepare, run the blocks and write the outputs; returns the result (also the JSON)."""
+    overrides = list(overrides)
+    _prefect_home(root)
+    cfg, eval_every = check_inputs(steps, root, eval_every, overrides, need_trl="trl" in sides)
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+    from replay_pipeline.models.device import auto_threads
+    from replay_pipeline.runs import RunPaths, artifact_location, new_run_id
+    from replay_pipeline.tracking import MlflowTracker
+
+    if not cfg.model.torch_threads:  # one count for every side, chosen once
+        threads, why = auto_threads()
+        overrides.append(f"model.torch_threads={threads}")
+        log(f"[peers] torch threads: {threads} (model.torch_threads=0: {why})")
+        cfg, eval_every = check_inputs(steps, root, eval_every, overrides, need_trl="trl" in sides)
+    stamp = new_run_id()
+    paths = RunPaths.make(root, f"peers-{stamp}")
+    out_dir = paths.root / "benchmarks" / f"peers-{stamp}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mlflow_uri = cfg.tracking.mlflow_uri or paths.mlflow_uri
+    tracker = MlflowTracker(uri=mlflow_uri, experiment=EXPERIMENT,
+                            artifact_location=artifact_location(cfg, paths, mlflow_uri),
+                            run_name=f"peers-{stamp}", tags={"replay_pipeline.benchmark": "peers"})
+    status = "FAILED"
+    try:
+        settings = {
+            "steps": steps, "repeats": repeats, "sides": list(sides), "eval_every": eval_every, "seed": int(cfg.seed),
+            "prompts_per_step": cfg.loop.prompts_per_step, "group_size": cfg.loop.group_size,
+            "temperature": cfg.generator.temperature, "top_p": cfg.generator.top_p,
+            "max_new_tokens": cfg.generator.max_new_tokens, "lr": cfg.algo.lr, "eps_low": cfg.algo.eps_low,
+            "eps_high": cfg.algo.eps_high, "max_grad_norm": cfg.algo.max_grad_norm, "loss_agg": cfg.algo.loss_agg,
+            "torch_threads": cfg.model.torch_threads, "heldout_prompts": cfg.task.heldout_size,
+            "overrides": overrides, "order": "blocks: " + " ".join(sides) + " per repeat",
+            "versions": {p: _version(p) for p in ("trl", "transformers", "torch", "accelerate", "prefect", "mlflow",
+                                                  "lancedb")},
+        }
+        tracker.log_params({f"settings.{k}": v for k, v in settings.items() if k != "versions"}
+                           | {f"versions.{k}": v for k, v in settings["versions"].items()})
+        log("[peers] preparing the warm start (not timed)")
+        run_process(worker_command("prepare", root, steps, eval_every, overrides, out_dir / "prepare.json"),
+                    out_dir / "logs" / "prepare.log", timeout)
+        records: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+        for r in range(repeats):
+            for side in sides:
+                name = f"repeat{r + 1}-{side}"
+                log(f"[peers] repeat {r + 1}/{repeats}: {side}")
+                out = out_dir / f"{name}.json"
+                if side == "ours":
+                    run_id = f"peers-{stamp}-r{r + 1}"
+                    seconds = run_process(ours_command(root, steps, eval_every, overrides, run_id, tracker.run_id),
+                                          out_dir / "logs" / f"{name}.log", timeout)
+                    record = read_ours(mlflow_uri, run_id, steps)
+                else:
+                    seconds = run_process(worker_command(side, root, steps, eval_every, overrides, out),
+                                          out_dir / "logs" / f"{name}.log", timeout)
+                    record = json.loads(out.read_text())
+                record["process_seconds"] = seconds
+                record["repeat"] = r + 1
+                records[side].append(record)
+                figures = repeat_figures(record)
+                tracker.log_metrics({f"{side}/{k}": v for k, v in figures.items() if v is not None}, step=r + 1)
+        summary = summarise(records)
+        result = {"settings": settings, "summary": summary, "records": records, "out_dir": str(out_dir),
+                  "json_path": str(out_dir / RESULT_JSON), "png_path": str(out_dir / RESULT_PNG),
+                  "mlflow_run_id": tracker.run_id, "mlflow_uri": mlflow_uri, "experiment": EXPERIMENT}
+        (out_dir / RESULT_JSON).write_text(json.dumps(result, indent=2, default=str))
+        plot(result, out_dir / RESULT_PNG)
+        for side in sides:
+            for p in records[side][0]["evals"]:
+                tracker.log_metrics({f"{side}/accuracy": p["accuracy"], f"{side}/gen_tokens": p["gen_tokens"]},
+                                    step=p["step"])
+            tracker.log_metrics({f"{side}/{k}_median": v["median"] for k, v in summary["sides"][side].items()
+                                 if isinstance(v, dict) and "median" in v}, step=steps)
+        tracker.log_metrics({f"ratio/ours_over_{peer}": r["median"] for peer, r in summary["ratios"].items()},
+                            step=steps)
+        tracker.log_artifacts(out_dir)
+        status = "FINISHED"
+        return result
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.finish(status)
+
+
+def _sides_arg(text: str) -> list[str]:
+    sides = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in sides if s not in SIDES]
+    if bad or not sides or len(set(sides)) != len(sides):
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of distinct sides among {', '.join(SIDES)}")
+    return sides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m replay_pipeline.benchmarks.peers",
+        description="Our no-buffer loop, TRL's GRPOTrainer and a bare torch loop, interleaved: seconds per "
+                    "learner step with their split, start-up, and held-out accuracy against compute.")
+    parser.add_argument("--steps", type=int, default=40, help="learner steps a side and repeat (default 40)")
+    parser.add_argument("--repeats", type=int, default=3, help="blocks of every side (default 3)")
+    parser.add_argument("--sides", type=_sides_arg, default=list(SIDES), help="comma-separated, in block order "
+                        "(default ours,trl,bare)")
+    parser.add_argument("--root", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"),
+                        help="run root (tracking.root_dir); outputs under <root>/benchmarks/")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="held-out evaluation every E steps, plus start and end (default steps // 10; "
+                             "0: start and end only)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a side's process may take")
+    parser.add_argument("--side", default=None, help=argparse.SUPPRESS)  # a worker process (run_worker)
+    parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every side, e.g. algo.lr=6e-5")
+    args = parser.parse_args(argv)
+    _prefect_home(args.root)
+    # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+    from replay_pipeline.config import ConfigError
+
+    if args.side is not None:
+        run_worker(args.side, args.steps, args.root, args.eval_every, args.overrides, args.out)
+        return 0
+    try:
+        if args.repeats < 1:
+            raise BenchmarkError(f"--repeats {args.repeats} must be >= 1 (3 or more to read a spread)")
+        check_inputs(args.steps, args.root, args.eval_every, args.overrides, need_trl="trl" in args.sides)
+    except (BenchmarkError, ConfigError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = run_benchmark(args.steps, args.repeats, args.root, args.eval_every, args.overrides, args.sides,
+                           args.timeout)
+    print()
+    print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

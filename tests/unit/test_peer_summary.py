@@ -1,0 +1,78 @@
+"""The peer benchmark's arithmetic (replay_pipeline/benchmarks/peers.py), worked by hand:
+per-repeat medians of a step and its parts, the spread over repeats, and ratios taken within
+each repeat rather than between the sides' overall medians."""
+
+from __future__ import annotations
+
+import pytest
+
+from replay_pipeline.benchmarks.peers import repeat_figures, summarise
+
+
+def record(steps, gen, train, *, tokens=100.0, accuracies=(0.2, 0.3), startup=None, eval_s=0.5, eval_tokens=250.0):
+    return {"name": "x", "step_seconds": list(steps), "gen_seconds": list(gen), "train_seconds": list(train),
+            "gen_tokens": tokens, "startup_seconds": startup, "eval_seconds": eval_s, "eval_tokens": eval_tokens,
+            "evals": [{"step": i, "accuracy": a, "gen_tokens": 0.0, "seconds": 0.0} for i, a in enumerate(accuracies)]}
+
+
+def test_repeat_figures_are_medians_of_the_step_and_its_parts():
+    f = repeat_figures(record([0.30, 0.10, 0.20], [0.10, 0.05, 0.10], [0.10, 0.04, 0.05], tokens=50.0, startup=4.0))
+    assert f["step_s"] == pytest.approx(0.20)
+    assert f["gen_s"] == pytest.approx(0.10)
+    assert f["train_s"] == pytest.approx(0.05)
+    # other per step: 0.10, 0.01, 0.05 -> median 0.05 (not 0.20 - 0.10 - 0.05 of the medians)
+    assert f["other_s"] == pytest.approx(0.05)
+    assert f["step_mean_s"] == pytest.approx(0.20) and f["steps_total_s"] == pytest.approx(0.60)
+    assert f["startup_s"] == 4.0
+    assert f["gen_ms_per_token"] == pytest.approx(1000 * 0.25 / 50)   # 5 ms a token
+    assert f["eval_ms_per_token"] == pytest.approx(1000 * 0.5 / 250)  # 2 ms a token
+
+
+def test_a_record_whose_times_do_not_line_up_is_refused():
+    with pytest.raises(ValueError, match="as many"):
+        repeat_figures(record([0.1, 0.2], [0.1], [0.05, 0.05]))
+    with pytest.raises(ValueError, match="at least one"):
+        repeat_figures(record([], [], []))
+
+
+def test_ratios_are_taken_within_each_repeat():
+    # repeat 1 is a slow spell for every side (2x): within-repeat ratios stay 1.2 and 1.0,
+    # while a ratio of overall medians would mix the spells
+    ours = [record([0.24] * 3, [0.1] * 3, [0.1] * 3, startup=6.0), record([0.48] * 3, [0.2] * 3, [0.2] * 3, startup=8.0),
+            record([0.24] * 3, [0.1] * 3, [0.1] * 3, startup=7.0)]
+    trl = [record([0.20] * 3, [0.1] * 3, [0.1] * 3), record([0.40] * 3, [0.2] * 3, [0.2] * 3),
+           record([0.20] * 3, [0.1] * 3, [0.1] * 3)]
+    bare = [record([0.24] * 3, [0.12] * 3, [0.12] * 3), record([0.48] * 3, [0.24] * 3, [0.24] * 3),
+            record([0.30] * 3, [0.15] * 3, [0.15] * 3)]
+    s = summarise({"ours": ours, "trl": trl, "bare": bare})
+    assert s["ratios"]["trl"]["per_repeat"] == pytest.approx([1.2, 1.2, 1.2])
+    assert s["ratios"]["trl"]["median"] == pytest.approx(1.2) and not s["ratios"]["trl"]["met"]
+    assert s["ratios"]["bare"]["per_repeat"] == pytest.approx([1.0, 1.0, 0.8])
+    assert s["ratios"]["bare"]["median"] == pytest.approx(1.0) and s["ratios"]["bare"]["met"]
+    assert (s["ratios"]["bare"]["min"], s["ratios"]["bare"]["max"]) == pytest.approx((0.8, 1.0))
+    step = s["sides"]["ours"]["step_s"]
+    assert (step["median"], step["min"], step["max"], step["n"]) == pytest.approx((0.24, 0.24, 0.48, 3))
+    assert s["sides"]["ours"]["other_s"]["median"] == pytest.approx(0.04)
+    assert s["startup"] == {"target_s": 10.0, "median_s": 7.0, "met": True}
+
+
+def test_accuracies_repeat_or_say_they_do_not():
+    same = [record([0.1], [0.05], [0.05], accuracies=(0.2, 0.4)) for _ in range(2)]
+    other = [record([0.1], [0.05], [0.05], accuracies=(0.2, 0.4)), record([0.1], [0.05], [0.05], accuracies=(0.2, 0.5))]
+    s = summarise({"bare": same, "trl": other})
+    assert s["sides"]["bare"]["accuracy_repeatable"] and not s["sides"]["trl"]["accuracy_repeatable"]
+    assert (s["sides"]["bare"]["accuracy_final"], s["sides"]["bare"]["accuracy_best"]) == (0.4, 0.4)
+    assert s["ratios"] == {} and "startup" not in s  # no ours side: nothing to compare with
+
+
+def test_sides_with_different_repeat_counts_are_refused():
+    with pytest.raises(ValueError, match="same number"):
+        summarise({"ours": [record([0.1], [0.05], [0.05])] * 2, "bare": [record([0.1], [0.05], [0.05])]})
+
+
+def test_evaluation_cost_is_judged_per_token():
+    fast = record([0.1], [0.05], [0.05], tokens=100.0, eval_s=0.1, eval_tokens=500.0)  # 0.2 vs 0.5 ms a token
+    slow = record([0.1], [0.05], [0.05], tokens=100.0, eval_s=1.0, eval_tokens=500.0)  # 2.0 vs 0.5
+    s = summarise({"bare": [fast], "trl": [slow]})
+    assert s["evaluation"]["bare"]["met"] and not s["evaluation"]["trl"]["met"]
+    assert s["evaluation"]["trl"]["eval_ms_per_token"] == pytest.approx(2.0)
