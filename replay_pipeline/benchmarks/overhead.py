@@ -27,7 +27,22 @@ import sys
 from typing import Any
 
 PHASES = ("buffer/append_seconds", "buffer/sample_seconds", "buffer/record_seconds", "learn/publish_seconds",
-          "learn/wait_seconds", "generate/seconds", "learn/seconds")
+          "learn/wait_seconds", "generate/seconds", "learn/seconds", "score/seconds", "score/reward_seconds",
+          "buffer/compact_seconds")
+
+#: Where a sync round's time goes, in the round's order: (label, how it is computed from the
+#: phase means). The rest of the round, after these, is the loop's own: Prefect's task (a
+#: tenth of one a round), handing the metrics to MLflow's writer, the compute ledger.
+SYNC_PARTS = (
+    ("generation (sampling, decoding)", lambda m: m.get("generate/seconds", 0.0)),
+    ("reward (the verifier)", lambda m: m.get("score/reward_seconds", 0.0)),
+    ("scoring: advantages, the rows' table", lambda m: m.get("score/seconds", 0.0) - m.get("score/reward_seconds", 0.0)),
+    ("append: validate, number, hand to the writer", lambda m: m.get("buffer/append_seconds", 0.0)),
+    ("sample: the minibatch from the window", lambda m: m.get("buffer/sample_seconds", 0.0)),
+    ("learner step (forward, backward, AdamW)", lambda m: m.get("learn/seconds", 0.0)),
+    ("publish the weights", lambda m: m.get("learn/publish_seconds", 0.0)),
+    ("usage records (after the commit's wait)", lambda m: m.get("buffer/record_seconds", 0.0)),
+)
 
 
 def run_loop(mode: str, steps: int, root: str, extra: list[str]) -> dict[str, Any]:
@@ -72,14 +87,35 @@ def report(result: dict[str, Any]) -> str:
              + ("" if result["mode"] == "sync" else " (learner, after waiting is removed)")]
     if "compute/generator_overhead_frac" in m:
         lines.append(f"  generators       {100 * m['compute/generator_overhead_frac']:.1f}% of their time outside generation")
-    for key, value in means.items():
-        lines.append(f"  {key:<24} {value * 1000:8.1f} ms / round")
+    if result["mode"] == "sync":
+        lines += breakdown(per_round, means)
+    else:
+        for key, value in means.items():
+            lines.append(f"  {key:<24} {value * 1000:8.1f} ms / round")
     for w, stats in enumerate(result.get("workers", [])):
         batches = max(stats.get("batches", 0.0), 1.0)
         parts = ", ".join(f"{key.removesuffix('_seconds')} {1000 * stats.get(key, 0.0) / batches:.1f} ms"
                           for key in ("gen_seconds", "other_seconds", "weights_seconds", "write_wait_seconds"))
         lines.append(f"  generator {w}: {int(batches)} batches; per batch {parts}")
     return "\n".join(lines)
+
+
+def breakdown(per_round: float, means: dict[str, float]) -> list[str]:
+    """A sync round's milliseconds, part by part (SYNC_PARTS) and the rest, with their
+    shares of the round: the README's table of where a default round goes."""
+    lines = [f"  {'where a round goes':<46} {'ms':>7} {'share':>7}"]
+    accounted = 0.0
+    for label, part in SYNC_PARTS:
+        value = max(part(means), 0.0)
+        accounted += value
+        lines.append(f"  {label:<46} {value * 1000:7.1f} {100 * value / per_round:6.1f}%")
+    rest = per_round - accounted
+    lines.append(f"  {'the rest: Prefect task, MLflow hand-off, ledger':<46} {rest * 1000:7.1f} {100 * rest / per_round:6.1f}%")
+    lines.append(f"  {'round':<46} {per_round * 1000:7.1f} {100.0:6.1f}%")
+    if means.get("buffer/compact_seconds"):
+        lines.append(f"  (compaction, behind the learner when due: {means['buffer/compact_seconds'] * 1000:.1f} ms "
+                     "in the rounds that compacted)")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
