@@ -259,20 +259,20 @@ GRIDS: dict[str, Grid] = {
         selection=_ADAPT_SELECTION,
         about="adaptive reuse (kl_budget 0.005) against the best static configuration and the baseline at "
               "three times the budget, 5 confirmation seeds (10-14)"),
-    # The evidence protocol's two controls on this checkout's warm start (the headline grid ran
-    # them on an earlier one), with the baseline they are read against, at the default budget
-    # on seeds 10-14: what the adaptive confirmation's figures are compared with (README,
-    # "Adaptive reuse").
-    "adaptive-controls": Grid(
-        configs={"no_buffer": ["experiment=no_buffer"], "no_buffer_r32": _DEFAULT.configs["no_buffer_r32"],
-                 "onpolicy_prio_r32_b32": _ONPOLICY_PRIO},
+    # The evidence protocol's two controls at the adaptive-long grid's budget, seeds and warm
+    # start: a shard of that grid split by configuration (run with --name adaptive-long
+    # --no-report, then one report over both: flows.report A --root RA --shard RB B --shard RC C),
+    # so that adaptive reuse, the static configuration and the controls are read against one
+    # baseline (README, "Adaptive reuse").
+    "adaptive-long-controls": Grid(
+        configs={"no_buffer_r32": _DEFAULT.configs["no_buffer_r32"], "onpolicy_prio_r32_b32": _ONPOLICY_PRIO},
         seeds=_CONFIRMATION[:5],
-        overrides=_shared(100),
+        overrides=_shared(300),
         lr_factors=[],
-        selection={"seeds": [0, 1, 2, 3], "chosen_on": "the default grid (GRIDS['default']), seeds 0-3: the "
-                   "controls of the configurations chosen there", "configs_tried": 0, "variants_tried": 0},
+        selection=_ADAPT_SELECTION,
         about="the evidence protocol's controls (on-policy at the buffer configurations' size; on-policy "
-              "drawing by |advantage| from the fresh batch) against the baseline, default budget, seeds 10-14"),
+              "drawing by |advantage| from the fresh batch) at three times the budget, seeds 10-14: a shard "
+              "of adaptive-long split by configuration"),
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],

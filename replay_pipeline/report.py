@@ -280,7 +280,7 @@ def _design_overrides(record: dict[str, Any]) -> dict[str, list[str]]:
 def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One sweep record from a sweep run in shards: the same grid (name, baseline and the
     overrides of every configuration two shards share, where its runs were stored aside)
-    over disjoint seeds, each
+    split by seeds or by configurations (no configuration and seed in two shards), each
     shard in its own process or store (a machine, or a core, each). The children and the
     confirmation seeds are pooled; the protocol is the first record's; `shards` lists the
     parts. Raises ReportError naming what differs. Without shards, `record` as it is."""
@@ -289,7 +289,7 @@ def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> di
     merged = {**record, "children": list(record["children"]),
               "shards": [{"name": r.get("name"), "sweep_id": r.get("sweep_id"), "mlflow_run_id": r.get("mlflow_run_id")}
                          for r in (record, *shards)]}
-    design, seeds = _design_overrides(record), {int(c["seed"]) for c in record["children"]}
+    design, runs = _design_overrides(record), {(str(c["config"]), int(c["seed"])) for c in record["children"]}
     for other in shards:
         label = f"shard {other.get('name')}-{other.get('sweep_id')}"
         problems = [f"{k}: {record.get(k)!r} here, {other.get(k)!r} there"
@@ -297,17 +297,19 @@ def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> di
         theirs = _design_overrides(other)
         problems += [f"configuration {c!r} is trained with {design.get(c)} here, {theirs.get(c)} there"
                      for c in sorted(set(design) & set(theirs)) if design[c] != theirs[c]]
-        again = sorted(seeds & {int(c["seed"]) for c in other["children"]})
+        theirs_runs = {(str(c["config"]), int(c["seed"])) for c in other["children"]}
+        again = sorted(runs & theirs_runs)
         if again:
-            problems.append(f"seeds {again} are in both: shards split the seeds")
+            problems.append(f"{', '.join(f'{c} seed {q}' for c, q in again[:5])} in both: shards split the "
+                            "seeds or the configurations")
         if problems:
             raise ReportError(f"{label} is not a part of sweep {record.get('name')}-{record.get('sweep_id')}: "
-                              + "; ".join(problems) + ". Shards are one grid run with --seeds split between them")
-        seeds |= {int(c["seed"]) for c in other["children"]}
+                              + "; ".join(problems) + ". Shards are one grid run with --seeds (or its configurations) split between them")
+        runs |= theirs_runs
         design = {**theirs, **design}  # a configuration may run on one shard's seeds only (the lr stage)
         merged["children"] += other["children"]
     if merged.get("protocol"):
-        merged["protocol"] = {**merged["protocol"], "confirmation_seeds": sorted(seeds)}
+        merged["protocol"] = {**merged["protocol"], "confirmation_seeds": sorted({q for _, q in runs})}
     return merged
 
 
@@ -810,7 +812,7 @@ def _shard_lines(s: Mapping[str, Any]) -> list[str]:
         return []
     names = ", ".join(f"{x['name']}-{x['sweep_id']}" for x in shards)
     return [f"Run in {len(shards)} shards ({names}; parent "
-            f"runs {', '.join(str(x['mlflow_run_id']) for x in shards)}): one grid, its seeds split between them, "
+            f"runs {', '.join(str(x['mlflow_run_id']) for x in shards)}): one grid, its seeds or configurations split between them, "
             "reported as one.", ""]
 
 

@@ -407,5 +407,21 @@ def test_a_sweep_run_in_shards_reports_as_the_whole(store, built, tmp_path):
                                                  r"configuration 'no_buffer' is trained with .*algo.lr=1e-3"):
         report.load(store["uri"], parent_a, shards=[(uri_b, parent_b)])
     client_b.log_dict(parent_b, {**part_b, "children": [*children_b, whole["children"][0]]}, "sweep.json")
-    with pytest.raises(report.ReportError, match=r"seeds \[0\] are in both: shards split the seeds"):
+    with pytest.raises(report.ReportError, match=r"seed 0 in both: shards split the seeds or the configurations"):
         report.load(store["uri"], parent_a, shards=[(uri_b, parent_b)])
+
+    # Split by configuration instead (a grid's controls run apart, on the same seeds): the
+    # replay configuration's runs of every seed in the second store, the baseline's in the first.
+    by_config = [c for c in whole["children"] if c["config"] == "replay"]
+    part_c = {**whole, "sweep_id": "abc126", "children": [c for c in whole["children"] if c not in by_config]}
+    parent_c = make_parent(store["client"], store["client"].get_run(store["parent"]).info.experiment_id, part_c)
+    parent_d = client_b.create_run(exp_b, run_name="part-d").info.run_id
+    children_d = [{**c, "mlflow_run_id": make_child(client_b, exp_b, parent_d, root_b, c["config"], c["seed"]),
+                   "overrides": [*c["overrides"], f"tracking.root_dir={root_b}"]} for c in by_config]
+    client_b.log_dict(parent_d, {**whole, "sweep_id": "abc127", "mlflow_run_id": parent_d, "children": children_d},
+                      "sweep.json")
+    split = report.build_report(store["uri"], parent_c, root=store["root"], out=tmp_path / "out-c",
+                                shards=[(uri_b, parent_d)])
+    assert sorted(split.table.splitlines()) == sorted(built.table.splitlines())  # rows in the shards' order
+    assert (split.summary["configs"]["replay"]["evidence"]["tokens"]["per_seed"]
+            == built.summary["configs"]["replay"]["evidence"]["tokens"]["per_seed"])
