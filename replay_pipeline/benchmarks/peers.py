@@ -276,14 +276,17 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
     summary, records = result["summary"], result["records"]
     sides = [side for side in SIDES if side in records]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    styles = {"ours": ("o", "-", 7), "trl": ("s", "--", 5), "bare": ("^", ":", 4)}  # coinciding lines stay visible
     for i, side in enumerate(sides):
-        color = f"C{i}"
+        color, (marker, line, size) = f"C{i}", styles[side]
         for r, record in enumerate(records[side]):
             evals = record["evals"]
             acc = [p["accuracy"] for p in evals]
             label = LABELS[side] if r == 0 else None
-            axes[0].plot([p["gen_tokens"] for p in evals], acc, "o-", color=color, alpha=0.8, label=label)
-            axes[1].plot([p["seconds"] for p in evals], acc, "o-", color=color, alpha=0.5, label=label)
+            axes[0].plot([p["gen_tokens"] for p in evals], acc, marker=marker, linestyle=line, markersize=size,
+                         color=color, alpha=0.8, label=label)
+            axes[1].plot([p["seconds"] for p in evals], acc, marker=marker, linestyle=line, markersize=size,
+                         color=color, alpha=0.5, label=label)
     axes[0].set_xlabel("cumulative generated tokens")
     axes[1].set_xlabel("cumulative seconds in learner steps (each repeat)")
     for ax in axes[:2]:
@@ -300,7 +303,7 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
                      yerr=[[1000 * (s["median"] - s["min"]) for s in step], [1000 * (s["max"] - s["median"]) for s in step]],
                      fmt="k.", capsize=4, label="step (min-max over repeats)")
     axes[2].set_ylabel("ms per learner step (medians)")
-    axes[2].legend()
+    axes[2].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     s = result["settings"]
     fig.suptitle(f"{s['repeats']} interleaved repeats, {s['steps']} steps, {s['prompts_per_step']}x{s['group_size']} "
                  f"rollouts/step, {s['torch_threads']} threads")
