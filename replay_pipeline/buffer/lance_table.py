@@ -99,8 +99,11 @@ _RUN_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 _ID_RANGE_SLACK = 1024
 #: Fragments below this many rows are merged by :meth:`LanceTable.compact`. Lance's default
 #: (1M) makes every compaction rewrite all the rows since the last full fragment again, so its
-#: cost grows with the table (~9 s per compaction at 1M rows here); at 128k a row is rewritten
-#: once or twice and a compaction costs ~1-3 s however large the table is.
+#: cost grows with the table (~9 s per compaction at 1M rows here); at 128k a row's data is
+#: rewritten once or twice. The indexes still grow the cost with the table: every compaction
+#: adds the new rows to each btree index by rewriting it whole, and one that merged indexed
+#: fragments remaps them too (the buffer benchmark at 10M rows, on a busy machine: 1-3 s per
+#: compaction up to 1.5M rows, 5-13 s near 10M, 23.5 s at most; README, "Benchmark").
 COMPACT_TARGET_ROWS = 1 << 17
 _KEEP_VERSIONS = timedelta(days=7)  # lancedb's optimize() default
 # Values per `col IN (...)` filter; planning cost grows with the list, so keep it modest.
