@@ -4,7 +4,7 @@ rollouts.
 It re-scores each rollout (prompt + completion tokens, as stored) under the current
 weights at the generation temperature, and compares with the behaviour log-probs and the
 frozen advantages stored with the rollout (LossInputs). AdamW with a constant learning
-rate and global-norm gradient clipping. The minibatch is collated on the CPU and moved to
+rate and global-norm gradient clipping (`adamw`: torch's fused kernel where it has one). The minibatch is collated on the CPU and moved to
 the model's device (`model.device`), so the learner runs wherever its model was put.
 
 The objective is looked up by name in `OBJECTIVES`; it receives only the hyper-parameters
@@ -124,6 +124,19 @@ def token_logprobs_and_entropy(model, batch: Batch, temperature: float | torch.T
     return logp, entropy
 
 
+def adamw(params, **settings) -> torch.optim.AdamW:
+    """AdamW with torch's fused kernel where it has one (floating-point parameters on the CPU
+    or CUDA), else its default implementation. The fused step is the same update in one kernel
+    (measured on the default 1.8M-parameter model, 2 CPU threads: 1.0 ms a step against 5-6 ms
+    for the per-tensor loop torch uses on the CPU; weights within 1e-8 of it after 3 steps)
+    and what transformers' Trainer (and so TRL) takes by default (`adamw_torch_fused`). A
+    checkpoint's optimizer state loads either way; its param_groups carry the implementation
+    it was saved with, so a resumed run keeps stepping as it did."""
+    params = list(params)
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, fused=True if fused else None, **settings)
+
+
 class Learner:
     def __init__(self, model, *, objective: str = "grpo_clip", lr: float = 3e-5,
                  eps_low: float = 0.2, eps_high: float = 0.2,
@@ -153,8 +166,7 @@ class Learner:
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature
         self.pad_id = pad_id
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas,
-                                           weight_decay=weight_decay)
+        self.optimizer = adamw(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.steps = 0
         self.watched: list[torch.nn.Parameter] = []  # watch(): the group whose gradient norm is reported
         self.refused: str | None = None  # why step()'s `accept` refused the last update

@@ -19,7 +19,8 @@ One step, as our sync round does it:
    tokens at temperature T, the GRPO-clip surrogate aggregated per `algo.loss_agg`
    (`objectives.grpo_clip`, `objectives.aggregate`: pure tensor functions, the same
    arithmetic by definition), backward, global-norm clipping at `algo.max_grad_norm`, AdamW
-   with the configured betas and weight decay.
+   with the configured betas and weight decay (torch's fused kernel, as our learner and
+   transformers' Trainer take it).
 
 Timed per step: generation (2-3: sampling, decoding, reward, advantages) and training (4);
 the step is their sum plus the loop's own few lines. Held-out greedy accuracy at step 0,
@@ -57,7 +58,7 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     pad = eos if pad is None else pad
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(algo.lr), weight_decay=float(algo.weight_decay),
-                                  betas=(float(algo.adam_beta1), float(algo.adam_beta2)))
+                                  betas=(float(algo.adam_beta1), float(algo.adam_beta2)), fused=True)
     eval_generator = TransformersGenerator.from_config(model, tokenizer, gen)  # its own copy of the weights
 
     step_seconds: list[float] = []

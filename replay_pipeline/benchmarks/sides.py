@@ -28,7 +28,7 @@ configuration of our side:
 | epsilon, epsilon_high                     | algo.eps_low, algo.eps_high                        |
 | loss_type "dapo" / "grpo"                 | algo.loss_agg token_mean / seq_mean                |
 | max_grad_norm                             | algo.max_grad_norm                                 |
-| optim "adamw_torch", adam_beta1/2, weight_decay | algo.adam_beta1/2, algo.weight_decay         |
+| optim "adamw_torch_fused", adam_beta1/2, weight_decay | algo.adam_beta1/2, algo.weight_decay (our learner's fused AdamW; transformers' default) |
 | beta = 0.0, scale_rewards "group"         | no KL, group-normalised advantages                 |
 | seed                                      | seed                                               |
 
@@ -300,7 +300,7 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str | Path) -> dict[str, Any]
         temperature=float(gen.temperature), top_p=float(gen.top_p), top_k=0,
         max_completion_length=int(gen.max_new_tokens),
         learning_rate=float(algo.lr), lr_scheduler_type="constant", warmup_steps=0,
-        optim="adamw_torch", adam_beta1=float(algo.adam_beta1), adam_beta2=float(algo.adam_beta2),
+        optim="adamw_torch_fused", adam_beta1=float(algo.adam_beta1), adam_beta2=float(algo.adam_beta2),
         weight_decay=float(algo.weight_decay), max_grad_norm=float(algo.max_grad_norm),
         epsilon=float(algo.eps_low), epsilon_high=float(algo.eps_high), beta=0.0,
         loss_type={"token_mean": "dapo", "seq_mean": "grpo"}[algo.loss_agg], scale_rewards="group",

@@ -122,3 +122,28 @@ def test_start_up_errors_name_the_fix(tok, rows):
     no_rewards = {k: v for k, v in rows.items() if k not in ("reward", "group_reward_mean")}
     with pytest.raises(ValueError, match="asymre needs .*reward"):
         _learner(tok, objective="asymre").step(no_rewards)
+
+
+def test_adamw_is_fused_on_the_cpu_and_a_checkpoint_keeps_its_own_implementation():
+    import torch
+
+    from replay_pipeline.learner import adamw
+
+    model = torch.nn.Linear(4, 3)
+    fused = adamw(model.parameters(), lr=1e-3)
+    assert fused.param_groups[0]["fused"] is True
+    # the same update as torch's per-tensor loop, to float rounding
+    other = torch.nn.Linear(4, 3)
+    other.load_state_dict(model.state_dict())
+    loop = torch.optim.AdamW(other.parameters(), lr=1e-3, foreach=False)
+    for _ in range(3):
+        for p, q in zip(model.parameters(), other.parameters()):
+            p.grad = torch.ones_like(p)
+            q.grad = torch.ones_like(q)
+        fused.step()
+        loop.step()
+    assert all(torch.allclose(p, q, atol=1e-7) for p, q in zip(model.parameters(), other.parameters()))
+    # a run saved with the per-tensor loop resumes with it: the param_groups say how it stepped
+    resumed = adamw(other.parameters(), lr=1e-3)
+    resumed.load_state_dict(loop.state_dict())
+    assert not resumed.param_groups[0]["fused"]
