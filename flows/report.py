@@ -4,9 +4,10 @@
     python -m flows.report 3f9c...e1 --root /data/replay-runs --mu 6.84 --out sweep-report/
     python -m flows.report 3f9c...e1 --root runs-a --shard runs-b 7d21...0a   # one grid, seeds split in two
 
-A sweep run in shards (the same grid with its --seeds split over processes or machines, each
-with its own root) is reported as one with --shard ROOT PARENT_RUN_ID per further part: the
-shards must agree in name, baseline and every configuration's overrides, and not share a seed
+A sweep run in shards (the same grid with its --seeds, or its configurations, split over
+processes or machines, each with its own root) is reported as one with --shard ROOT
+PARENT_RUN_ID per further part: the shards must agree in name, baseline and every shared
+configuration's overrides, and no configuration and seed may be in two of them
 (replay_pipeline.report.merge_shards); the report goes to the first parent run.
 
 Reads the sweep's parent MLflow run (its sweep.json) and the metric histories of its finished
