@@ -13,9 +13,10 @@ one is the same server (Prefect's uvicorn app, same settings, UI off) with two d
 
 `temporary_server()` starts it (reusing one per process), points Prefect's settings at it
 and stops it at exit. `launch()` starts its process without waiting: `python -m flows.train`
-calls it as soon as the command line is known to be good, before the trainer's own imports,
-so the server boots (about 3 s of CPU) on one core while the trainer imports and builds its
-run on the other, and `temporary_server()` then only waits for whatever is left of the boot.
+calls it first thing (unless asked for --help or --cfg), so the server boots (about 3 s of CPU)
+on one core while the trainer checks its configuration, imports and builds its run on the
+other, and `temporary_server()` then only waits for whatever is left of the boot; a command
+line refused meanwhile stops it at exit (atexit, and its watchdog).
 `python -m flows.prefect_server --port N --parent PID` is the server process itself.
 """
 

@@ -35,16 +35,19 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":  # answer --help and configuration errors before Prefect and torch load
+    if not {"-h", "--help", "--cfg"} & set(sys.argv[1:]):
+        # Prefect's temporary server boots (about 3 s of CPU) on the other core while this process
+        # checks the configuration (its validation loads torch, transformers and lancedb: ~5 s)
+        # and builds the run. A command line that is then refused stops it again at exit.
+        from flows.prefect_server import launch as _launch_server
+
+        _launch_server()
     from flows.usage import answer_early as _answer_early
 
     _code = _answer_early(sys.argv[1:])
     if _code is not None:
         sys.exit(_code)
     _ANSWERED_EARLY = list(sys.argv[1:])  # main() need not compose the command line a second time
-    if "--cfg" not in _ANSWERED_EARLY:  # a run follows: Prefect's temporary server boots meanwhile
-        from flows.prefect_server import launch as _launch_server
-
-        _launch_server()
 
 import functools
 import logging
@@ -85,7 +88,7 @@ from replay_pipeline.run.workers import run_worker_process
 from replay_pipeline.run_plots import run_plots
 from replay_pipeline.runs import RunPaths
 from flows.prefect_server import temporary_server
-from flows.usage import answer_early, command_line, say
+from flows.usage import answer_early, command_line, early_config, say
 from flows.progress import UI_ONLY, Progress, filter_console, quiet_prefect_task_logs, summary_text
 
 _task = dict(cache_policy=NO_CACHE, persist_result=False)
@@ -359,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             return early
     try:
         overrides, show_cfg = command_line(argv)  # --config-dir DIR: a search-path override
-        cfg = resolve_config(overrides)  # fail before Prefect, MLflow or any model is touched
+        cfg = early_config(argv) or resolve_config(overrides)  # fail before Prefect, MLflow or any model
         preflight(cfg)
     except (ConfigError, PermissionError, CheckpointError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
