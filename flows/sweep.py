@@ -266,7 +266,11 @@ GRIDS: dict[str, Grid] = {
     # so that adaptive reuse, the static configuration and the controls are read against one
     # baseline (README, "Adaptive reuse").
     "adaptive-long-controls": Grid(
-        configs={"onpolicy_prio_r32_b32": _ONPOLICY_PRIO},
+        # equal_budget scales a configuration against the baseline only when the baseline is
+        # among the grid's configurations: a configuration shard states the budget itself (the
+        # baseline's 300 steps of 64 rollouts = 600 of 32, evaluated every 640 rollouts).
+        configs={"onpolicy_prio_r32_b32": [*_ONPOLICY_PRIO, "loop.steps=600", "loop.eval_every=20",
+                                           "loop.passk_every=40"]},
         seeds=_CONFIRMATION[:5],
         overrides=_shared(300),
         lr_factors=[],
