@@ -58,7 +58,7 @@ import math
 import re
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -164,6 +164,17 @@ _ADAPT_SELECTION = {"seeds": [0, 1, 2, 3], "chosen_on": "the adaptive grid's sel
                     "seeds 0-3) and the planner's measurement on the static configuration's seed-0 run",
                     "configs_tried": 7, "variants_tried": 0}
 
+#: The adaptive confirmation at three times the budget (GRIDS["adaptive-long"]); its control
+#: shard (GRIDS["adaptive-long-controls"]) is the same grid with other configurations.
+_ADAPT_LONG = Grid(
+    configs=dict(_ADAPT_COMPARED),
+    seeds=_CONFIRMATION[:5],
+    overrides=_shared(300),
+    lr_factors=[],
+    selection=_ADAPT_SELECTION,
+    about="adaptive reuse (kl_budget 0.005) against the best static configuration and the baseline at "
+          "three times the budget, 5 confirmation seeds (10-14)")
+
 #: The built-in grids, by name (`--grid`).
 GRIDS: dict[str, Grid] = {
     "default": _DEFAULT,
@@ -248,33 +259,21 @@ GRIDS: dict[str, Grid] = {
         about="adaptive reuse (kl_budget 0.005) and the planner's measured plan against the best static "
               "configuration and the baseline, 10 confirmation seeds (10-19)"),
     # The same at three times the budget (300 baseline steps), the rule and the static
-    # configuration against the baseline only, on seeds 10-14 (the long grid has the controls
-    # at 3x on seeds 10-19). Not run yet: a 3x run takes about 10 min at one thread here, so
-    # its 15 runs take about 75 min on two processes (--seeds 10,11,12 and 13,14, --shard).
-    "adaptive-long": Grid(
-        configs=dict(_ADAPT_COMPARED),
-        seeds=_CONFIRMATION[:5],
-        overrides=_shared(300),
-        lr_factors=[],
-        selection=_ADAPT_SELECTION,
-        about="adaptive reuse (kl_budget 0.005) against the best static configuration and the baseline at "
-              "three times the budget, 5 confirmation seeds (10-14)"),
+    # configuration against the baseline, on seeds 10-14; run on 2026-12-02 as two processes
+    # (--seeds 10,11,12 and 13,14, --shard), about 75 min (README, "Adaptive reuse").
+    "adaptive-long": _ADAPT_LONG,
     # The evidence protocol's better control (at 3x in the long grid: 0.86 of the baseline's
     # tokens against no_buffer_r32's 0.92) at the adaptive-long grid's budget, seeds and warm
     # start: a shard of that grid split by configuration (run with --name adaptive-long
     # --no-report, then one report over both: flows.report A --root RA --shard RB B --shard RC C),
     # so that adaptive reuse, the static configuration and the controls are read against one
-    # baseline (README, "Adaptive reuse").
-    "adaptive-long-controls": Grid(
-        # equal_budget scales a configuration against the baseline only when the baseline is
-        # among the grid's configurations: a configuration shard states the budget itself (the
-        # baseline's 300 steps of 64 rollouts = 600 of 32, evaluated every 640 rollouts).
+    # baseline (README, "Adaptive reuse"). equal_budget scales a configuration against the
+    # baseline only when the baseline is among the grid's configurations: this shard states the
+    # budget itself (the baseline's 300 steps of 64 rollouts = 600 of 32, evaluated every 640).
+    "adaptive-long-controls": replace(
+        _ADAPT_LONG,
         configs={"onpolicy_prio_r32_b32": [*_ONPOLICY_PRIO, "loop.steps=600", "loop.eval_every=20",
                                            "loop.passk_every=40"]},
-        seeds=_CONFIRMATION[:5],
-        overrides=_shared(300),
-        lr_factors=[],
-        selection=_ADAPT_SELECTION,
         about="the evidence protocol's better control (on-policy drawing by |advantage| from the fresh "
               "batch) at three times the budget, seeds 10-14: a shard of adaptive-long split by configuration"),
     "quick": Grid(
