@@ -15,7 +15,8 @@ One step, as our sync round does it:
    learns (as our sync loop's generator shares the learner's weights);
 3. rewards from the task's verifier, group-normalised advantages (population std + 1e-6, 0 for
    an all-equal group: `scoring.group_advantages`);
-4. one forward pass over prompt + completion (right-padded), log-probs of the completion
+4. one forward pass over prompt + completion (right-padded by `learner.collate`, the learner's
+   own layout), log-probs of the completion
    tokens at temperature T, the GRPO-clip surrogate aggregated per `algo.loss_agg`
    (`objectives.grpo_clip`, `objectives.aggregate`: pure tensor functions, the same
    arithmetic by definition), backward, global-norm clipping at `algo.max_grad_norm`, AdamW
@@ -45,6 +46,7 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
 
     from replay_pipeline.evaluation import evaluate_greedy
     from replay_pipeline.generation import TransformersGenerator
+    from replay_pipeline.learner import collate
     from replay_pipeline.objectives import LossInputs, aggregate, grpo_clip
     from replay_pipeline.run.accounting import process_started
     from replay_pipeline.run.batches import step_prompts
@@ -109,25 +111,19 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
             reason = "stop" if length and row[length - 1] == eos else "length"
             prompt = prompts[i // group]
             rewards.append(task.reward(prompt, tokenizer.decode(row[:length], skip_special_tokens=True), reason))
-        advantages = torch.tensor(group_advantages(rewards, group), dtype=torch.float32)
+        advantages = group_advantages(rewards, group)
         t1 = time.perf_counter()
 
         model.train()
-        full = [r + c for r, c in zip(rows, completions)]
-        length = max(len(f) for f in full)
-        seq = torch.full((len(full), length), pad, dtype=torch.long)
-        real = torch.zeros((len(full), length), dtype=torch.long)
-        mask = torch.zeros((len(full), length - 1))
-        old = torch.zeros((len(full), length - 1))
-        for i, (r, c, f) in enumerate(zip(rows, completions, full)):
-            seq[i, :len(f)] = torch.tensor(f)
-            real[i, :len(f)] = 1
-            mask[i, len(r) - 1:len(f) - 1] = 1.0  # position t predicts token t + 1
-            old[i, len(r) - 1:len(f) - 1] = behaviour[i, :len(c)]
-        logits = model(input_ids=seq, attention_mask=real).logits[:, :-1].float()
-        logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, seq[:, 1:].unsqueeze(-1)).squeeze(-1)
+        batch = collate(rows, completions, [behaviour[i, :len(c)].tolist() for i, c in enumerate(completions)],
+                        advantages, pad)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+        targets = batch.input_ids[:, 1:].unsqueeze(-1)
+        mask = batch.completion_mask
+        logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, targets).squeeze(-1)
         logp = torch.where(mask > 0, logp, torch.zeros_like(logp))
-        loss_out = grpo_clip(LossInputs(logprobs=logp, behaviour_logprobs=old, advantages=advantages, mask=mask),
+        loss_out = grpo_clip(LossInputs(logprobs=logp, behaviour_logprobs=batch.behaviour_logprobs,
+                                        advantages=batch.advantages, mask=mask),
                              eps_low=float(algo.eps_low), eps_high=float(algo.eps_high))
         loss = aggregate(loss_out.per_token, mask, str(algo.loss_agg))
         optimizer.zero_grad(set_to_none=True)
