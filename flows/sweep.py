@@ -175,6 +175,12 @@ _ADAPT_LONG = Grid(
     about="adaptive reuse (kl_budget 0.005) against the best static configuration and the baseline at "
           "three times the budget, 5 confirmation seeds (10-14)")
 
+#: adaptive-long's budget stated for a configuration of 32 rollouts a step in a shard without
+#: the baseline (equal_budget scales only against a baseline in the grid): the baseline's 300
+#: steps of 64 rollouts are 600 of 32, evaluated every 20 (every 640 rollouts), as equal_budget
+#: would set them.
+_LONG_R32_BUDGET = ["loop.steps=600", "loop.eval_every=20", "loop.passk_every=40"]
+
 #: The built-in grids, by name (`--grid`).
 GRIDS: dict[str, Grid] = {
     "default": _DEFAULT,
@@ -272,10 +278,22 @@ GRIDS: dict[str, Grid] = {
     # budget itself (the baseline's 300 steps of 64 rollouts = 600 of 32, evaluated every 640).
     "adaptive-long-controls": replace(
         _ADAPT_LONG,
-        configs={"onpolicy_prio_r32_b32": [*_ONPOLICY_PRIO, "loop.steps=600", "loop.eval_every=20",
-                                           "loop.passk_every=40"]},
+        configs={"onpolicy_prio_r32_b32": [*_ONPOLICY_PRIO, *_LONG_R32_BUDGET]},
         about="the evidence protocol's better control (on-policy drawing by |advantage| from the fresh "
               "batch) at three times the budget, seeds 10-14: a shard of adaptive-long split by configuration"),
+    # The rest of the adaptive comparison at three times the budget, a further shard of
+    # adaptive-long split by configuration (run as the controls shard is): the planner's
+    # measured plan on the static design and the other control (the on-policy baseline at the
+    # winners' 4 prompts a step), so that every configuration of the 1x comparison is read at
+    # 3x on one warm start; flows.report --budget 0.3333 reads the same runs at the default
+    # budget (README, "Adaptive reuse").
+    "adaptive-long-more": replace(
+        _ADAPT_LONG,
+        configs={"plan_measured": [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_PLAN_MEASURED,
+                                   *_LONG_R32_BUDGET],
+                 "no_buffer_r32": [*_DEFAULT.configs["no_buffer_r32"], *_LONG_R32_BUDGET]},
+        about="the planner's measured plan and the on-policy baseline at 4 prompts a step at three times "
+              "the budget, seeds 10-14: a shard of adaptive-long split by configuration"),
     "quick": Grid(
         configs={"no_buffer": ["experiment=no_buffer"], "fifo128_k2": ["experiment=replay"]},
         seeds=[0, 1],
