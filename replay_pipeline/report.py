@@ -58,6 +58,17 @@ Decisions:
   child's LanceDB usage table (tag ``replay_pipeline.lancedb_uri``, else ``buffer.uri``, else
   ``<tracking.root_dir>/lancedb``), pooled over seeds; a child whose tables cannot be read is
   skipped and named in the report.
+* **At a smaller budget** (`budget`, `--budget 1/3`): every run is read as if it had stopped
+  after that fraction of its own ``loop.steps`` rounds (its generation budget: equal_budget
+  gives every configuration the baseline's rollouts): its history up to the evaluation at step
+  ``cut = fraction x loop.steps``, that step's evaluation kept and the rounds from it on
+  dropped. Exact only where nothing a run does before the cut depends on its length (so here:
+  a constant learning rate, evaluations at fixed multiples of steps); checked for this
+  project's runs against runs stopped there (README, "Adaptive reuse"). Every run must have
+  evaluated at its cut, pass@k too if it logs pass@k at all (a run that stopped there would
+  have), else ReportError. The buffer distributions cover whole runs and are left out (a note
+  says so); the report says what it read, and its outputs go to ``.../<name>-<id>-budget<f>``
+  and the parent run's ``report-budget<f>/``.
 * **Plots** are drawn with matplotlib's Agg canvas on ``Figure`` objects (no pyplot state).
 * **Outputs** go to ``out`` (default ``<root>/reports/<name>-<sweep_id>/``) and are logged as
   artifacts of the parent run under ``report/``. Bad input raises ReportError saying how to
@@ -152,6 +163,8 @@ class Sweep:
     configs: list[str]
     children: list[Child]
     notes: list[str] = field(default_factory=list)
+    budget: dict[str, Any] | None = None
+    """{"fraction", "cuts": {config: step}} when the runs are read at a smaller budget (at_budget)."""
 
 
 @dataclass
@@ -313,11 +326,42 @@ def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> di
     return merged
 
 
+def check_budget(budget: float | None) -> None:
+    if budget is not None and not (isinstance(budget, (int, float)) and 0 < budget <= 1):
+        raise ReportError(f"budget={budget!r} must be a fraction in (0, 1] of each run's steps, e.g. 1/3 to read "
+                          "3x-budget runs at the default budget")
+
+
+def at_budget(child: Child, fraction: float) -> tuple[Child, int]:
+    """`child` read as if it had stopped after `fraction` of its ``loop.steps`` rounds, and the
+    step it is cut at (see the module's "At a smaller budget"). Raises ReportError when the
+    run has no ``loop.steps`` or did not evaluate (and, if it logs pass@k, sample pass@k) there."""
+    label = f"{child.config} seed {child.seed} ({child.run_id})"
+    try:
+        steps = int(child.params["loop.steps"])
+    except (KeyError, ValueError):
+        raise ReportError(f"{label} has no loop.steps param, so its budget is unknown; report it whole "
+                          "(without --budget)") from None
+    cut = round(fraction * steps)
+    evaluated = child.history.index[child.history[ACCURACY].notna()]
+    passk = [c for c in child.history.columns if _PASS_AT.match(c) and child.history[c].notna().any()]
+    missing = [k for k in [ACCURACY, *passk] if cut not in child.history.index or pd.isna(child.history.at[cut, k])]
+    if missing:
+        raise ReportError(f"{label}: {fraction:g} of its {steps} steps is step {cut}, where it did not log "
+                          f"{', '.join(missing)} (it evaluated at steps {', '.join(map(str, evaluated[:8]))}, ...); "
+                          "choose a budget that lands on an evaluation with pass@k in every run")
+    history = child.history.loc[child.history.index <= cut].copy()
+    history.loc[cut, [c for c in history.columns if not c.startswith("eval/")]] = np.nan
+    return Child(child.config, child.seed, child.run_id, child.mlflow_run_id, child.params, child.tags,
+                 history), cut
+
+
 def load(uri: str, parent_run_id: str, baseline: str | None = None,
-         shards: Sequence[tuple[str, str]] = ()) -> Sweep:
+         shards: Sequence[tuple[str, str]] = (), budget: float | None = None) -> Sweep:
     """sweep.json and the metric histories of its FINISHED children; the baseline must have
     at least one finished child with held-out accuracy. `shards`: (uri, parent_run_id) of
-    further parts of the same sweep (merge_shards), each read from its own store."""
+    further parts of the same sweep (merge_shards), each read from its own store. `budget`:
+    read every run at that fraction of its steps (at_budget)."""
     # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
@@ -341,7 +385,13 @@ def load(uri: str, parent_run_id: str, baseline: str | None = None,
             f"with finished runs: {finished or 'none'}). Rerun the sweep with a "
             f"--config {baseline}=... that finishes, or choose another baseline with --baseline NAME")
     families = {c: str((record.get("families") or {}).get(c, c)) for c in configs}
-    return Sweep(record, parent_run_id, baseline, families, configs, children, notes)
+    read = None
+    if budget is not None:
+        cut_children = [at_budget(c, budget) for c in children]
+        children = [c for c, _ in cut_children]
+        read = {"fraction": float(budget),
+                "cuts": {c.config: step for c, step in cut_children}}
+    return Sweep(record, parent_run_id, baseline, families, configs, children, notes, read)
 
 
 # ------------------------------------------------------------------ per run and per configuration
@@ -569,7 +619,7 @@ def _sweep_info(sweep: Sweep) -> dict[str, Any]:
             "parent_run_id": sweep.parent_run_id, "baseline": sweep.baseline, "families": sweep.families,
             "seeds": sorted({int(c["seed"]) for c in sweep.record["children"]}),
             "shared_overrides": shared, "configs": own, "protocol": sweep.record.get("protocol"),
-            "shards": sweep.record.get("shards")}
+            "shards": sweep.record.get("shards"), "budget": sweep.budget}
 
 
 def _mu_info(sweep: Sweep, mu: float) -> dict[str, Any]:
@@ -830,9 +880,19 @@ def _protocol_lines(s: Mapping[str, Any]) -> list[str]:
             f"{', '.join(map(str, s['seeds']))}, none of which was used to choose.", ""]
 
 
+def _budget_lines(s: Mapping[str, Any]) -> list[str]:
+    b = s.get("budget")
+    if not b:
+        return []
+    cuts = ", ".join(f"{c} at step {q}" for c, q in b["cuts"].items())
+    return [f"**Read at {b['fraction']:.4g} of the budget.** Every run is read as if it had stopped after "
+            f"{b['fraction']:.4g} of its steps ({cuts}): its evaluations up to there, the rounds after dropped. "
+            "The measured seconds are those of the longer runs' first rounds.", ""]
+
+
 def _swept(summary: dict[str, Any]) -> list[str]:
     s = summary["sweep"]
-    lines = ["## What was swept", "", *_protocol_lines(s), *_shard_lines(s),
+    lines = ["## What was swept", "", *_protocol_lines(s), *_shard_lines(s), *_budget_lines(s),
              f"Seeds: {', '.join(map(str, s['seeds']))}. Shared overrides: "
              f"`{' '.join(s['shared_overrides']) or '(none)'}`. Baseline: `{s['baseline']}`.", "",
              "| config | family | overrides | finished runs |", "|---|---|---|---|"]
@@ -983,24 +1043,31 @@ def _json_safe(value: Any) -> Any:
 
 def build_report(uri: str, parent_run_id: str, *, mu: float = DEFAULT_MU, out: str | Path | None = None,
                  root: str | Path = "runs", baseline: str | None = None, target: float | None = None,
-                 shards: Sequence[tuple[str, str]] = ()) -> Report:
+                 shards: Sequence[tuple[str, str]] = (), budget: float | None = None) -> Report:
     """Read the sweep under MLflow run ``parent_run_id`` at ``uri`` (with its ``shards``, each
-    (uri, parent_run_id): see merge_shards), write report.md, report.json and the plots to
-    ``out`` (default ``<root>/reports/<name>-<sweep_id>``) and log them to the parent run
-    under ``report/``."""
+    (uri, parent_run_id): see merge_shards; at ``budget``, a fraction of every run's steps:
+    at_budget), write report.md, report.json and the plots to ``out`` (default
+    ``<root>/reports/<name>-<sweep_id>``, ``-budget<f>`` added at a budget) and log them to the
+    parent run under ``report/`` (``report-budget<f>/``)."""
     # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
     if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
         raise ReportError(f"mu={mu!r} must be a finite number > 0 (the paper's Qwen2.5-7B figure is 5.28)")
-    sweep = load(uri, parent_run_id, baseline, shards)
+    check_budget(budget)
+    sweep = load(uri, parent_run_id, baseline, shards, budget)
     if target is not None and not (isinstance(target, (int, float)) and 0 <= target <= 1):
         raise ReportError(f"target={target!r} must be an accuracy in [0, 1], e.g. --target 0.5")
     summary, curves = summarise(sweep, mu, target)
-    dists, notes = distributions(sweep.children)
+    if budget is None:
+        dists, notes = distributions(sweep.children)
+    else:
+        dists, notes = {}, ["buffer distributions left out: the buffer tables hold whole runs, and this report "
+                            f"reads them at {budget:.4g} of their budget"]
     summary["distributions"], summary["notes"] = dists, summary["notes"] + notes
+    suffix = "" if budget is None else f"-budget{budget:.4g}"
     out = Path(out) if out else (Path(root).expanduser().resolve() / "reports"
-                                 / f"{sweep.record.get('name')}-{sweep.record.get('sweep_id')}")
+                                 / f"{sweep.record.get('name')}-{sweep.record.get('sweep_id')}{suffix}")
     out.mkdir(parents=True, exist_ok=True)
     for name in PLOTS:  # a plot left out this time must not survive from an earlier report
         (out / name).unlink(missing_ok=True)
@@ -1009,5 +1076,5 @@ def build_report(uri: str, parent_run_id: str, *, mu: float = DEFAULT_MU, out: s
     (out / "report.json").write_text(json.dumps(_json_safe(summary), indent=2))
     (out / "report.md").write_text(render_markdown(summary, summary["plots"]))
     client = MlflowClient(tracking_uri=uri)
-    client.log_artifacts(parent_run_id, str(out), "report")
-    return Report(out / "report.md", table, summary, f"{client.get_run(parent_run_id).info.artifact_uri}/report")
+    client.log_artifacts(parent_run_id, str(out), f"report{suffix}")
+    return Report(out / "report.md", table, summary, f"{client.get_run(parent_run_id).info.artifact_uri}/report{suffix}")

@@ -101,7 +101,7 @@ def make_child(client, experiment: str, parent: str, root: Path, config: str, k:
         tags["replay_pipeline.lancedb_uri"] = str(root / "lancedb")
     run = client.create_run(experiment, run_name=rid, tags=tags)
     params = {"run_id": rid, "tracking.root_dir": str(root), "algo.lr": "1e-4", "loop.prompts_per_step": 8,
-              "loop.group_size": 8, "loop.minibatch_size": 64}
+              "loop.steps": ROUNDS, "loop.group_size": 8, "loop.minibatch_size": 64}
     metrics = [Metric(key, float(v), 2, step) for key, v, step in child_metrics(config, k)]
     if (config, k) == ("no_buffer", 0):  # a stale value from before a resume: the later one wins
         metrics.append(Metric("eval/accuracy", 0.0, 1, 10))
@@ -425,3 +425,61 @@ def test_a_sweep_run_in_shards_reports_as_the_whole(store, built, tmp_path):
     assert sorted(split.table.splitlines()) == sorted(built.table.splitlines())  # rows in the shards' order
     assert (split.summary["configs"]["replay"]["evidence"]["tokens"]["per_seed"]
             == built.summary["configs"]["replay"]["evidence"]["tokens"]["per_seed"])
+
+
+def test_a_sweep_read_at_half_its_budget_is_the_sweep_stopped_at_step_10(store, tmp_path):
+    """The fixture's baseline and replay runs (4 seeds each) in a store of their own, with pass@k
+    also sampled at step 10 (P[k] - 0.1 + shift + offset/2), read at budget 1/2: every run cut
+    at step 10 of its 20. Baseline medians 0.3 0.5 0.6 -> peak 0.6 at step 10 as before; replay
+    0.3 0.55 0.62 reaches it at step 10 with 500 tokens (0.50); its final accuracy is step 10's
+    0.62 and its final pass@1 0.5 - 0.1 + 0.05 = 0.45 (the baseline's 0.40). Steps 10-19's
+    rounds are dropped; budgets that miss an evaluation (or pass@k) are refused."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path / "half"
+    root.mkdir()
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("replay-pipeline", artifact_location=(root / "mlartifacts").as_uri())
+    parent = client.create_run(exp, run_name="half").info.run_id
+    children = []
+    for config in ("no_buffer", "replay"):
+        for k in range(4):
+            mid = make_child(client, exp, parent, root, config, k)
+            shift, off = CONFIGS[config][5], OFFSETS[4][k]
+            client.log_batch(mid, metrics=[Metric(f"eval/pass_at_{key}", value - 0.1 + shift + off / 2, 3, 10)
+                                           for key, value in P.items()])
+            children.append({"config": config, "seed": k, "run_id": run_id(config, k), "status": "FINISHED",
+                             "mlflow_run_id": mid, "overrides": ["loop.steps=20", *OVERRIDES[config]]})
+    client.log_dict(parent, {"name": NAME, "sweep_id": "half01", "mlflow_run_id": parent, "children": children},
+                    "sweep.json")
+
+    half = report.build_report(uri, parent, root=root, budget=0.5)
+    assert half.path.parent == root / "reports" / f"{NAME}-half01-budget0.5"
+    assert half.artifact_uri.endswith("/report-budget0.5")
+    assert cells(half.table, "no_buffer") == ["no_buffer (baseline)", "4", "0.600", "0.600", "0.400", "0.700",
+                                              "1,000", "1.00", "20.0", "1.00", "4,019", "1.00"]
+    assert cells(half.table, "replay") == ["replay", "4", "0.620", "0.620", "0.450", "0.750",
+                                           "500", "0.50", "15.0", "0.75", "2,970", "0.74"]
+    s = half.summary
+    assert s["sweep"]["budget"] == {"fraction": 0.5, "cuts": {"no_buffer": 10, "replay": 10}}
+    assert s["configs"]["replay"]["final_step"] == 10 and s["distributions"] == {}
+    assert "Read at 0.5 of the budget" in half.path.read_text()
+    assert any("buffer distributions left out" in n for n in s["notes"])
+    cut = report.load(uri, parent, budget=0.5).children[0]
+    assert cut.history.index.max() == 10 and cut.history[report.ACCURACY].dropna().index.tolist() == [0, 5, 10]
+    assert cut.history["learn/entropy"].dropna().index.max() == 9  # round 10 (logged at step 10) is gone
+    whole = report.build_report(uri, parent, root=root)
+    assert whole.summary["configs"]["replay"]["final_step"] == 20 and whole.summary["sweep"]["budget"] is None
+
+    with pytest.raises(report.ReportError, match=r"0.25 of its 20 steps is step 5, where it did not log "
+                                                 r"eval/pass_at_1, .*choose a budget that lands on an evaluation"):
+        report.load(uri, parent, budget=0.25)
+    with pytest.raises(report.ReportError, match=r"step 6, where it did not log eval/accuracy"):
+        report.load(uri, parent, budget=0.3)
+    with pytest.raises(report.ReportError, match=r"must be a fraction in \(0, 1\]"):
+        report.build_report(uri, parent, root=root, budget=1.5)
+    assert report_cli.main([parent, "--mlflow-uri", uri, "--root", str(root), "--budget", "1/2"]) == 0
+    with pytest.raises(SystemExit):
+        report_cli.build_parser().parse_args([parent, "--budget", "0"])
