@@ -44,8 +44,10 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, fields
+from itertools import chain
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from replay_pipeline.bounds import Bound
@@ -87,23 +89,37 @@ def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequen
             behaviour_logprobs: Sequence[Sequence[float]], advantages: Sequence[float],
             pad_id: int, rewards: Sequence[float] | None = None,
             group_reward_mean: Sequence[float] | None = None) -> Batch:
-    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
-    width = max(len(r) for r in rows)
-    b = len(rows)
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    mask = torch.zeros((b, width - 1), dtype=torch.float32)
-    old = torch.zeros((b, width - 1), dtype=torch.float32)
-    for i, (p, c, lp) in enumerate(zip(prompt_ids, completion_ids, behaviour_logprobs)):
-        if len(lp) != len(c):
-            raise ValueError(f"row {i}: {len(c)} completion tokens but {len(lp)} behaviour log-probs")
-        n = len(p) + len(c)
-        input_ids[i, :n] = torch.tensor(rows[i], dtype=torch.long)
-        attention[i, :n] = 1
-        # completion token k sits at column len(p)+k and is predicted by column len(p)+k-1
-        mask[i, len(p) - 1:n - 1] = 1.0
-        old[i, len(p) - 1:n - 1] = torch.tensor(list(lp), dtype=torch.float32)
-    return Batch(input_ids, attention, mask, old, torch.tensor(list(advantages), dtype=torch.float32),
+    """The rows as one right-padded Batch: row i is prompt i then completion i, padded with
+    `pad_id`; completion token k of row i sits at column len(prompt)+k and is predicted by
+    column len(prompt)+k-1, where completion_mask is 1 and behaviour_logprobs holds its
+    behaviour log-prob. Laid out with numpy in a few whole-array steps (a per-row loop of
+    torch assignments cost ~1.2 ms for 64 rows, once per learner update) and then shared
+    with torch, so the values are those of float32(value) exactly."""
+    b = len(prompt_ids)
+    lp = np.fromiter(map(len, prompt_ids), np.int64, b)
+    lc = np.fromiter(map(len, completion_ids), np.int64, b)
+    for i, (c, lps) in enumerate(zip(completion_ids, behaviour_logprobs)):
+        if len(lps) != len(c):
+            raise ValueError(f"row {i}: {len(c)} completion tokens but {len(lps)} behaviour log-probs")
+    if b == 0 or (lp < 1).any():
+        raise ValueError("every row needs a prompt of at least one token (the first completion token is "
+                         "predicted from the prompt's last)" if b else "no rows to collate")
+    n = lp + lc
+    width, total = int(n.max()), int(n.sum())
+    row = np.repeat(np.arange(b), n)
+    col = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+    input_ids = np.full((b, width), pad_id, dtype=np.int64)
+    input_ids[row, col] = np.fromiter(chain.from_iterable(chain(p, c) for p, c in zip(prompt_ids, completion_ids)),
+                                      np.int64, total)
+    attention = (np.arange(width)[None, :] < n[:, None]).astype(np.int64)
+    crow = np.repeat(np.arange(b), lc)
+    ccol = np.repeat(lp - 1, lc) + (np.arange(int(lc.sum())) - np.repeat(np.cumsum(lc) - lc, lc))
+    mask = np.zeros((b, width - 1), dtype=np.float32)
+    old = np.zeros((b, width - 1), dtype=np.float32)
+    mask[crow, ccol] = 1.0
+    old[crow, ccol] = np.fromiter(chain.from_iterable(behaviour_logprobs), np.float64, int(lc.sum()))
+    return Batch(torch.from_numpy(input_ids), torch.from_numpy(attention), torch.from_numpy(mask),
+                 torch.from_numpy(old), torch.tensor(list(advantages), dtype=torch.float32),
                  _optional_vector(rewards), _optional_vector(group_reward_mean))
 
 
