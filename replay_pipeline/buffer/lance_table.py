@@ -102,8 +102,8 @@ _ID_RANGE_SLACK = 1024
 #: cost grows with the table (~9 s per compaction at 1M rows here); at 128k a row's data is
 #: rewritten once or twice. The indexes still grow the cost with the table: every compaction
 #: adds the new rows to each btree index by rewriting it whole, and one that merged indexed
-#: fragments remaps them too (the buffer benchmark at 10M rows, on a busy machine: 1-3 s per
-#: compaction up to 1.5M rows, 5-13 s near 10M, 23.5 s at most; README, "Benchmark").
+#: fragments remaps them too (the buffer benchmark at 10M rows, quiet machine: 1.2 s per
+#: compaction in the first tenth of the fill, 6.4 s in the last, 8.8 s at most; README, "Benchmark").
 COMPACT_TARGET_ROWS = 1 << 17
 _KEEP_VERSIONS = timedelta(days=7)  # lancedb's optimize() default
 # Values per `col IN (...)` filter; planning cost grows with the list, so keep it modest.
