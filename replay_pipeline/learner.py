@@ -85,6 +85,13 @@ def _optional_vector(values: Sequence[float] | None) -> torch.Tensor | None:
     return None if values is None else torch.tensor(list(values), dtype=torch.float32)
 
 
+def _ragged_positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows of the given lengths laid end to end: each element's row and its index within
+    the row (lengths [2, 0, 3] -> rows [0, 0, 2, 2, 2], indexes [0, 1, 0, 1, 2])."""
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    return row, np.arange(len(row)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
 def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
             behaviour_logprobs: Sequence[Sequence[float]], advantages: Sequence[float],
             pad_id: int, rewards: Sequence[float] | None = None,
@@ -98,26 +105,26 @@ def collate(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequen
     b = len(prompt_ids)
     lp = np.fromiter(map(len, prompt_ids), np.int64, b)
     lc = np.fromiter(map(len, completion_ids), np.int64, b)
-    for i, (c, lps) in enumerate(zip(completion_ids, behaviour_logprobs)):
-        if len(lps) != len(c):
-            raise ValueError(f"row {i}: {len(c)} completion tokens but {len(lps)} behaviour log-probs")
+    ll = np.fromiter(map(len, behaviour_logprobs), np.int64, len(behaviour_logprobs))
+    if len(ll) == b and (bad := np.flatnonzero(ll != lc)).size:
+        i = int(bad[0])
+        raise ValueError(f"row {i}: {lc[i]} completion tokens but {ll[i]} behaviour log-probs")
     if b == 0 or (lp < 1).any():
         raise ValueError("every row needs a prompt of at least one token (the first completion token is "
                          "predicted from the prompt's last)" if b else "no rows to collate")
     n = lp + lc
-    width, total = int(n.max()), int(n.sum())
-    row = np.repeat(np.arange(b), n)
-    col = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+    width = int(n.max())
+    row, col = _ragged_positions(n)
     input_ids = np.full((b, width), pad_id, dtype=np.int64)
     input_ids[row, col] = np.fromiter(chain.from_iterable(chain(p, c) for p, c in zip(prompt_ids, completion_ids)),
-                                      np.int64, total)
+                                      np.int64, len(row))
     attention = (np.arange(width)[None, :] < n[:, None]).astype(np.int64)
-    crow = np.repeat(np.arange(b), lc)
-    ccol = np.repeat(lp - 1, lc) + (np.arange(int(lc.sum())) - np.repeat(np.cumsum(lc) - lc, lc))
+    crow, k = _ragged_positions(lc)
+    ccol = lp[crow] - 1 + k  # completion token k is predicted by column len(prompt) + k - 1
     mask = np.zeros((b, width - 1), dtype=np.float32)
     old = np.zeros((b, width - 1), dtype=np.float32)
     mask[crow, ccol] = 1.0
-    old[crow, ccol] = np.fromiter(chain.from_iterable(behaviour_logprobs), np.float64, int(lc.sum()))
+    old[crow, ccol] = np.fromiter(chain.from_iterable(behaviour_logprobs), np.float64, len(crow))
     return Batch(torch.from_numpy(input_ids), torch.from_numpy(attention), torch.from_numpy(mask),
                  torch.from_numpy(old), torch.tensor(list(advantages), dtype=torch.float32),
                  _optional_vector(rewards), _optional_vector(group_reward_mean))
