@@ -326,7 +326,7 @@ def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> di
     return merged
 
 
-def check_budget(budget: float | None) -> None:
+def _check_budget(budget: float | None) -> None:
     if budget is not None and not (isinstance(budget, (int, float)) and 0 < budget <= 1):
         raise ReportError(f"budget={budget!r} must be a fraction in (0, 1] of each run's steps, e.g. 1/3 to read "
                           "3x-budget runs at the default budget")
@@ -362,6 +362,7 @@ def load(uri: str, parent_run_id: str, baseline: str | None = None,
     at least one finished child with held-out accuracy. `shards`: (uri, parent_run_id) of
     further parts of the same sweep (merge_shards), each read from its own store. `budget`:
     read every run at that fraction of its steps (at_budget)."""
+    _check_budget(budget)
     # start-up cost: mlflow takes seconds to import; only this path talks to the store
     from mlflow.tracking import MlflowClient
 
@@ -1054,7 +1055,6 @@ def build_report(uri: str, parent_run_id: str, *, mu: float = DEFAULT_MU, out: s
 
     if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
         raise ReportError(f"mu={mu!r} must be a finite number > 0 (the paper's Qwen2.5-7B figure is 5.28)")
-    check_budget(budget)
     sweep = load(uri, parent_run_id, baseline, shards, budget)
     if target is not None and not (isinstance(target, (int, float)) and 0 <= target <= 1):
         raise ReportError(f"target={target!r} must be an accuracy in [0, 1], e.g. --target 0.5")
