@@ -6,6 +6,9 @@ in the server's database and its state is Completed; a setting in the environmen
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import pytest
 
@@ -49,9 +52,6 @@ def test_the_private_server_runs_without_idle_services_and_records_task_runs(no_
             async with get_client() as client:
                 return await client.read_task_runs(
                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
-
-        import asyncio
-        import time
 
         deadline = time.monotonic() + 30  # the recorder writes task runs from their events, in batches
         while not (runs := asyncio.run(task_runs())) or runs[0].state_type.value != "COMPLETED":
