@@ -2,13 +2,14 @@
 
 import logging
 import math
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from replay_pipeline.scoring import (MAX_ERROR_CHARS, RewardTerm, group_advantages, rewards_of, safe_reward,
-                                     score_items, set_reward_timeout, warn_flagged)
+                                     safe_rewards, score_items, set_reward_timeout, warn_flagged)
 
 
 def test_group_advantages_by_hand():
@@ -161,3 +162,21 @@ def test_a_failing_term_flags_its_completion_by_name_and_scores_it_zero():
     assert scored.rewards == [1.0, 0.0, 1.0] and scored.correct == [False, False, False]
     assert scored.errors[1] == "term picky: reward raised KeyError: 'no length for bb'"
     assert scored.term_means == {"picky": 1.0}  # over the unflagged ones
+
+
+def test_a_hung_call_is_given_up_and_the_calls_after_it_still_run():
+    hang = threading.Event()
+    calls = [lambda: 1.0, lambda: 0.0, lambda: hang.wait(60), lambda: 1.0, lambda: float("nan")]
+    try:
+        got = safe_rewards(calls, timeout=0.2)
+    finally:
+        hang.set()  # let the abandoned worker thread finish
+    assert got == [(1.0, None), (0.0, None), (0.0, "reward timed out after 0.2 s"), (1.0, None),
+                   (0.0, "reward was nan")]
+    assert safe_rewards([lambda: 1.0] * 3, timeout=0.2) == [(1.0, None)] * 3  # a fresh worker serves on
+
+
+def test_each_call_has_its_own_timeout_not_the_batch():
+    # Five calls of 0.1 s under a 0.3 s timeout: 0.5 s in all, and none of them timed out.
+    slow = lambda: (time.sleep(0.1), 1.0)[1]  # noqa: E731
+    assert safe_rewards([slow] * 5, timeout=0.3) == [(1.0, None)] * 5
