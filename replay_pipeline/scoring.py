@@ -87,32 +87,37 @@ class _Batch:
 
 
 class _RewardWorker:
-    """A daemon thread that runs batches of reward calls, one batch at a time; it is
-    abandoned (and a fresh one started) when a call in it overruns the timeout."""
+    """A daemon thread that runs one calling thread's batches of reward calls, one batch at a
+    time (a worker per calling thread, so that no batch waits behind another caller's and has
+    its first call's time run out in the queue); abandoned, and a fresh one started, when a
+    call overruns the timeout. It ends once its calling thread has ended."""
 
-    _live: "_RewardWorker | None" = None
-    _lock = threading.Lock()
+    _mine = threading.local()
 
     def __init__(self):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.owner = threading.current_thread()
         threading.Thread(target=self._serve, name="reward-calls", daemon=True).start()
 
     @classmethod
     def get(cls) -> "_RewardWorker":
-        with cls._lock:
-            if cls._live is None:
-                cls._live = cls()
-            return cls._live
+        worker = getattr(cls._mine, "worker", None)
+        if worker is None:
+            worker = cls._mine.worker = cls()
+        return worker
 
     @classmethod
-    def abandon(cls, worker: "_RewardWorker") -> None:
-        with cls._lock:
-            if cls._live is worker:
-                cls._live = None
+    def abandon(cls) -> None:
+        cls._mine.worker = None
 
     def _serve(self) -> None:
         while True:
-            batch: _Batch = self.jobs.get()
+            try:
+                batch: _Batch = self.jobs.get(timeout=5.0)
+            except queue.Empty:
+                if not self.owner.is_alive():
+                    return
+                continue
             for i, fn in enumerate(batch.calls):
                 if batch.cancelled:
                     break
@@ -141,11 +146,11 @@ def _outcomes(calls: Sequence[Callable[[], Any]], timeout: float | None, convert
               ) -> list[tuple[bool | None, Any]]:
     """(True, converted value), (False, exception) or (None, None) for a call that timed out,
     for each call in order. With a timeout they run one after the other on a daemon worker
-    thread that serves every batch (one hand-off a batch: starting a thread a batch and
-    taking each result from a queue cost about 0.4 ms for the default 64 calls). Each call is
-    given at most `timeout` from its own start: the caller sleeps until the batch is done or
-    the running call's time is up; then that call is given up, its thread abandoned, and the
-    calls after it run on a fresh one."""
+    thread that serves the calling thread's batches (one hand-off a batch: 0.030 ms for 64
+    trivial calls, against 0.074 ms for a thread started a batch and a queue get a call).
+    Each call is given at most `timeout` from its own start: the caller sleeps until the
+    batch is done or the running call's time is up; then that call is given up, its thread
+    abandoned, and the calls after it run on a fresh one."""
     if timeout is None:
         out = []
         for fn in calls:
@@ -156,8 +161,8 @@ def _outcomes(calls: Sequence[Callable[[], Any]], timeout: float | None, convert
         return out
     out, pending = [], list(calls)
     while pending:
-        worker, batch = _RewardWorker.get(), _Batch(pending, convert)
-        worker.jobs.put(batch)
+        batch = _Batch(pending, convert)
+        _RewardWorker.get().jobs.put(batch)
         while True:
             index, started = batch.current
             if batch.done.wait(timeout=max(started + timeout - time.monotonic(), 0.0)):
@@ -166,7 +171,7 @@ def _outcomes(calls: Sequence[Callable[[], Any]], timeout: float | None, convert
                 break
             if batch.current == (index, started) and len(batch.results) == index:  # call `index` overran
                 batch.cancelled = True
-                _RewardWorker.abandon(worker)
+                _RewardWorker.abandon()
                 out.extend(batch.results[:index])
                 out.append((None, None))
                 pending = pending[index + 1:]

@@ -180,3 +180,17 @@ def test_each_call_has_its_own_timeout_not_the_batch():
     # Five calls of 0.1 s under a 0.3 s timeout: 0.5 s in all, and none of them timed out.
     slow = lambda: (time.sleep(0.1), 1.0)[1]  # noqa: E731
     assert safe_rewards([slow] * 5, timeout=0.3) == [(1.0, None)] * 5
+
+
+def test_batches_from_two_threads_at_once_do_not_wait_behind_each_other():
+    # Two callers, each with 4 calls of 0.1 s under a 0.3 s timeout: with one worker shared,
+    # the second batch's first call would run out of time while queued behind the first batch.
+    slow = lambda: (time.sleep(0.1), 1.0)[1]  # noqa: E731
+    got: dict[str, list] = {}
+    callers = [threading.Thread(target=lambda name=name: got.__setitem__(name, safe_rewards([slow] * 4, timeout=0.3)))
+               for name in ("a", "b")]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert got == {"a": [(1.0, None)] * 4, "b": [(1.0, None)] * 4}
