@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from replay_pipeline.benchmarks.peers import repeat_figures, summarise
+from replay_pipeline.benchmarks.peers import repeat_figures, summarise, verdict
 
 
 def record(steps, gen, train, *, tokens=100.0, accuracies=(0.2, 0.3), startup=None, eval_s=0.5, eval_tokens=250.0):
@@ -47,13 +47,16 @@ def test_ratios_are_taken_within_each_repeat():
     s = summarise({"ours": ours, "trl": trl, "bare": bare})
     assert s["ratios"]["trl"]["per_repeat"] == pytest.approx([1.2, 1.2, 1.2])
     assert s["ratios"]["trl"]["median"] == pytest.approx(1.2) and not s["ratios"]["trl"]["met"]
+    assert s["ratios"]["trl"]["verdict"] == "missed"
     assert s["ratios"]["bare"]["per_repeat"] == pytest.approx([1.0, 1.0, 0.8])
     assert s["ratios"]["bare"]["median"] == pytest.approx(1.0) and s["ratios"]["bare"]["met"]
+    assert s["ratios"]["bare"]["verdict"] == "met"
     assert (s["ratios"]["bare"]["min"], s["ratios"]["bare"]["max"]) == pytest.approx((0.8, 1.0))
     step = s["sides"]["ours"]["step_s"]
     assert (step["median"], step["min"], step["max"], step["n"]) == pytest.approx((0.24, 0.24, 0.48, 3))
     assert s["sides"]["ours"]["other_s"]["median"] == pytest.approx(0.04)
-    assert s["startup"] == {"target_s": 10.0, "median_s": 7.0, "met": True}
+    assert s["startup"] == {"target_s": 10.0, "median_s": 7.0, "verdict": "met", "met": True}
+    assert s["noise"] == {"step_noise_median": 0.0, "quiet_at_most": 0.10, "quiet": True}  # steady steps
 
 
 def test_accuracies_repeat_or_say_they_do_not():
@@ -76,3 +79,35 @@ def test_evaluation_cost_is_judged_per_token():
     s = summarise({"bare": [fast], "trl": [slow]})
     assert s["evaluation"]["bare"]["met"] and not s["evaluation"]["trl"]["met"]
     assert s["evaluation"]["trl"]["eval_ms_per_token"] == pytest.approx(2.0)
+
+
+def test_a_median_within_the_target_is_not_met_when_a_repeat_misses_it():
+    # the drifting machine of 2026-12-02: median 0.907 within <= 1.0, but one repeat at 1.435
+    ours = [record([r], [0.1], [0.1]) for r in (0.907, 1.435, 0.815)]
+    trl = [record([1.0], [0.1], [0.1]) for _ in range(3)]
+    bare = [record([s], [0.1], [0.1]) for s in (0.5, 0.5, 0.5)]
+    s = summarise({"ours": ours, "trl": trl, "bare": bare})
+    assert s["ratios"]["trl"]["median"] == pytest.approx(0.907)
+    assert s["ratios"]["trl"]["verdict"] == "unresolved" and not s["ratios"]["trl"]["met"]
+    assert s["ratios"]["bare"]["verdict"] == "missed"  # 1.63 and more in every repeat
+
+
+@pytest.mark.parametrize("low, high, expected", [(0.9, 1.0, "met"), (1.01, 1.2, "missed"), (0.95, 1.05, "unresolved")])
+def test_verdicts_read_the_whole_range(low, high, expected):
+    assert verdict(low, high, 1.0) == expected
+
+
+def test_start_up_must_stay_under_its_target_in_every_repeat():
+    assert verdict(8.0, 10.0, 10.0, strict=True) == "unresolved"  # "under 10 s": 10.0 is not under
+    ours = [record([0.1], [0.05], [0.05], startup=s) for s in (9.0, 11.0, 9.5)]
+    assert summarise({"ours": ours})["startup"]["verdict"] == "unresolved"
+
+
+def test_step_noise_is_the_interquartile_range_over_the_median():
+    # quartiles (inclusive) of 1..5 are 2 and 4, median 3: spread 2 / 3
+    f = repeat_figures(record([0.1, 0.2, 0.3, 0.4, 0.5], [0.0] * 5, [0.0] * 5))
+    assert f["step_noise"] == pytest.approx(2 / 3)
+    assert repeat_figures(record([0.3], [0.1], [0.1]))["step_noise"] == 0.0
+    noisy = [record([0.1, 0.2, 0.3, 0.4, 0.5], [0.0] * 5, [0.0] * 5)] * 2
+    s = summarise({"bare": noisy})
+    assert s["noise"]["step_noise_median"] == pytest.approx(2 / 3) and not s["noise"]["quiet"]
