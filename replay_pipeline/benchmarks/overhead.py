@@ -5,8 +5,9 @@ as a fraction of the round, for the sync and the async loop.
     python -m replay_pipeline.benchmarks.overhead                    # both loops, 60 rounds each
     python -m replay_pipeline.benchmarks.overhead --loops sync --steps 100 --root /tmp/bench
 
-It runs the real flow (`flows.train.train`, Prefect's ephemeral server, MLflow on SQLite,
-LanceDB on disk) on the default model and task, with evaluations and checkpoints only at
+It runs the real flow (`flows.train.train` on the temporary Prefect server that `python -m
+flows.train` uses, flows/prefect_server.py, with its idle services off, unless PREFECT_API_URL
+names a server; MLflow on SQLite, LanceDB on disk) on the default model and task, with evaluations and checkpoints only at
 the ends (they are scheduled extras, not per-round work), then reads the run's ledger back
 from MLflow:
 
@@ -50,13 +51,17 @@ def run_loop(mode: str, steps: int, root: str, extra: list[str]) -> dict[str, An
     from mlflow.tracking import MlflowClient
 
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+    from flows.prefect_server import temporary_server
     from flows.train import train
 
     overrides = [f"tracking.root_dir={root}", f"loop.steps={steps}", "loop.eval_every=0", "loop.passk_every=0",
                  "loop.checkpoint_every=0", "tracking.progress=false", "tracking.experiment=overhead-benchmark"]
     if mode == "async":
         overrides += ["loop=async", "model.torch_threads=1"]
-    summary = train(overrides + extra)
+    # The trainer's own server, as `python -m flows.train` runs it: Prefect's in-process
+    # temporary server would add the loop services that the trainer's has off.
+    with temporary_server():
+        summary = train(overrides + extra)
     client = MlflowClient(tracking_uri=summary["mlflow_uri"])
     metrics = client.get_run(summary["mlflow_run_id"]).data.metrics
     means = {}
