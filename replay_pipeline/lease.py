@@ -20,7 +20,7 @@ How (files in the run directory):
   the timeout (REPLAY_PIPELINE_LEASE_TIMEOUT seconds, default 60), and taken over with a
   warning once it has expired.
 
-Ground floor: imports nothing of the project.
+Of the project it imports only replay_pipeline/threadnames.py (its heartbeat thread's name).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from replay_pipeline.threadnames import os_named
 
 LEASE = "lease.json"
 LOCK = ".lease.lock"
@@ -193,6 +195,6 @@ def acquire(run_dir: str | Path, command: str | None = None) -> Lease:
             "token": secrets.token_hex(8)}
     lease = Lease(run_dir, info, fd)
     lease._write()
-    threading.Thread(target=lease._beat, name="run-lease", daemon=True).start()
+    threading.Thread(target=os_named(lease._beat), name="run-lease", daemon=True).start()
     _HELD[run_dir] = lease
     return lease

@@ -42,6 +42,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from replay_pipeline.threadnames import os_named
+
 logger = logging.getLogger(__name__)  # "replay_pipeline.scoring"
 
 #: Longest ``reward_error`` string stored; longer exception messages are cut with "...".
@@ -97,7 +99,7 @@ class _RewardWorker:
     def __init__(self):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.owner = threading.current_thread()
-        threading.Thread(target=self._serve, name="reward-calls", daemon=True).start()
+        threading.Thread(target=os_named(self._serve), name="reward-calls", daemon=True).start()
 
     @classmethod
     def get(cls) -> "_RewardWorker":

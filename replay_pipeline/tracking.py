@@ -35,12 +35,13 @@ import os
 import queue
 import re
 import signal
-import tempfile
 import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
+
+from replay_pipeline.threadnames import os_named
 
 # MLflow's SQLite store logs Alembic migrations at INFO on first use; keep the terminal clean.
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -182,7 +183,7 @@ class MlflowTracker:
 
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
-        threading.Thread(target=self._drain, name="mlflow-metrics", daemon=True).start()
+        threading.Thread(target=os_named(self._drain), name="mlflow-metrics", daemon=True).start()
 
     def _drain(self) -> None:
         while True:

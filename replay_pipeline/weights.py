@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from replay_pipeline.threadnames import name_os_thread, os_named
+
 LATEST = "LATEST"
 
 
@@ -53,7 +55,8 @@ class WeightStore:
         Returns the write's future."""
         self._check_pending(wait=False)
         if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish-weights")
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish-weights",
+                                              initializer=name_os_thread)
         future = self._writer.submit(self.publish, state_dict, version)
         self._pending.append(future)
         return future
@@ -160,7 +163,7 @@ class WeightFollower:
         self.store, self.interval = store, interval
         self._loaded: tuple[int, dict[str, torch.Tensor]] | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="weight-follower", daemon=True)
+        self._thread = threading.Thread(target=os_named(self._run), name="weight-follower", daemon=True)
         self._thread.start()
 
     def newest(self, seen: int | None) -> tuple[int, dict[str, torch.Tensor]] | None:

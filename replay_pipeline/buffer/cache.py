@@ -47,6 +47,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replay_pipeline.threadnames import os_named
+
 from .store import RolloutStore
 from .usage import UsageStore
 
@@ -246,7 +248,7 @@ class _Prefetch:
         self.epoch = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="window-read-ahead", daemon=True)
+        self.thread = threading.Thread(target=os_named(self._run), name="window-read-ahead", daemon=True)
         self.thread.start()
 
     def reset(self, fragments: set[int], lo: int, count: int, rows: pa.Table) -> None:

@@ -24,6 +24,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
+from replay_pipeline.threadnames import name_os_thread
+
 __all__ = ["WriteBehind"]
 
 
@@ -45,7 +47,8 @@ class WriteBehind:
             write()
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="table-writer")
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="table-writer",
+                                            initializer=name_os_thread)
         self._pending = self._pool.submit(write)
 
     def wait(self) -> Any:

@@ -1,5 +1,6 @@
-"""The async loop's file protocol, on the ground floor: what the learner and its generator
-workers tell each other through <run_dir>/async/ (no project imports, no torch, no tables).
+"""The async loop's file protocol, one floor up from the ground: what the learner and its
+generator workers tell each other through <run_dir>/async/ (no torch, no tables; of the project
+it imports only replay_pipeline/threadnames.py, to name its heartbeat thread).
 
     STOP                 the learner ended (finished, failed or killed): workers stop
     HEARTBEAT            the learner's session and a counter, replaced every few seconds
@@ -24,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from replay_pipeline.threadnames import os_named
 
 STOP = "STOP"
 HEARTBEAT = "HEARTBEAT"
@@ -128,7 +131,7 @@ class Heartbeat:
         self.interval = heartbeat_interval(timeout)
         self.session = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="learner-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=os_named(self._run), name="learner-heartbeat", daemon=True)
         self._count = 0
 
     def _beat(self) -> None:
