@@ -7,9 +7,9 @@ as a fraction of the round, for the sync and the async loop.
 
 It runs the real flow (`flows.train.train` on the temporary Prefect server that `python -m
 flows.train` uses, flows/prefect_server.py, with its idle services off, unless PREFECT_API_URL
-names a server; MLflow on SQLite, LanceDB on disk) on the default model and task, with evaluations and checkpoints only at
-the ends (they are scheduled extras, not per-round work), then reads the run's ledger back
-from MLflow:
+names a server; MLflow on SQLite, LanceDB on disk) on the default model and task, with
+evaluations and checkpoints only at the ends (they are scheduled extras, not per-round work),
+then reads the run's ledger back from MLflow:
 
 * sync: overhead = round seconds - generation - training (`compute/overhead_frac`);
 * async: the learner's overhead = round seconds - training - waiting for rollouts, and each

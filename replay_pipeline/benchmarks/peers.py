@@ -84,7 +84,7 @@ RESULT_JSON = "peers.json"
 RESULT_PNG = "peers.png"
 SIDES = ("ours", "trl", "bare")
 LABELS = {"ours": "ours (no_buffer)", "trl": "TRL GRPOTrainer", "bare": "bare torch loop"}
-#: Target ratios, ours over each peer, seconds per learner step (median of within-repeat ratios).
+#: Target ratios, ours over each peer, seconds per learner step (within each repeat; see `verdict`).
 RATIO_TARGETS = {"trl": 1.0, "bare": 1.05}
 STARTUP_TARGET_S = 10.0
 #: The largest step-time spread within a repeat (interquartile range / median, the median over
@@ -125,10 +125,10 @@ def repeat_figures(record: Mapping[str, Any]) -> dict[str, float | None]:
 
 def _relative_iqr(values: Sequence[float]) -> float:
     """Interquartile range over median (0 for fewer than two values)."""
-    if len(values) < 2 or not statistics.median(values):
+    if len(values) < 2:
         return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return (q3 - q1) / statistics.median(values)
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / median if median else 0.0
 
 
 def verdict(low: float, high: float, target: float, strict: bool = False) -> str:
