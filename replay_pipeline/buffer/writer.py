@@ -12,7 +12,8 @@ Decisions (DESIGN.md, principles 3 and 5):
   only the commit (and a compaction that falls due) runs behind.
 * **Errors are not lost.** A write that failed (after its retries) raises from the next
   :meth:`wait` or :meth:`submit`, on the training thread; the loop waits before every usage
-  record, before a checkpoint and at the end, so a failure never passes a checkpoint.
+  record (or, with grouped commits, before every group: replay_pipeline/buffer/tables.py),
+  before a checkpoint and at the end, so a failure never passes a checkpoint.
 * **Why.** On the default CPU run a rollout append and a usage record cost ~5-10 ms each,
   ~5% of a round; on object storage a commit takes tens of milliseconds. Behind the
   learner's forward and backward passes they cost the round almost nothing.

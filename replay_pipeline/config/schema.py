@@ -250,6 +250,15 @@ class BufferConfig:
     learner computes (replay_pipeline/buffer/writer.py): one write in flight, validated before
     it is handed over, waited for before the next write, every checkpoint and the end of the
     run. false: every write finishes before the loop goes on."""
+    commit_seconds: float = bounded(1.0, ge=0, hint="0: two commits every round")
+    """Sync loop, with read_cache: group the commits. Each round's rollouts and usage records
+    are validated and numbered at once but committed with the following rounds' once this many
+    seconds passed since the previous group: two LanceDB commits per group instead of two a
+    round (replay_pipeline/buffer/tables.py). Checkpoints, reads of the tables and the end of
+    the run (stopped or failed too) commit what is held; a process killed outright loses at
+    most this many seconds of rounds, which a resume regenerates from their seeds. 0: every
+    round commits its own (the rollouts behind the learner, the records behind the next
+    round). The async loop always commits per batch."""
 
 
 @dataclass

@@ -139,7 +139,8 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
                         keep=settings.window_size + 4 * settings.rollouts_per_step, shared=settings.async_loop,
                         prefetch=settings.async_loop and b.read_ahead) if b.read_cache else None
     tables = RunTables(store, usage, compact_every=b.compact_every, shared=settings.async_loop,
-                       write_behind=b.write_behind, cache=cache)
+                       write_behind=b.write_behind, cache=cache,
+                       commit_seconds=b.commit_seconds)
     run = TrainingRun(settings=settings, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
                       learner=learner, tables=tables, tracker=tracker, accounting=accounting,
                       sampler=ReplaySampler(tables, b, settings.loop, settings.seed, settings.window_size,

@@ -226,7 +226,7 @@ class TrainingRun:
             self.weights.publish_copy_in_background(self.learner.model.state_dict(), self.policy_version)
         publish_seconds = time.perf_counter() - publish_start
         record_start = time.perf_counter()
-        compacted = self.tables.wait()  # the rollouts these records name are stored first
+        compacted = self.tables.wait_in_flight()  # the rollouts these records name are stored first
         used = usage_table(self.run_id, step, first_learner_step, trained, minibatches)
         metrics = self.sampler.usage_metrics(used, self.window_end) if used.num_rows else {}
         record_seconds = time.perf_counter() - record_start

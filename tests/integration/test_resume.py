@@ -28,9 +28,11 @@ EXACT = ("learn/loss", "learn/grad_norm", "learn/entropy", "learn/ratio_mean", "
 
 
 def overrides(root, *extra):
+    # Every round commits its own rows (buffer.commit_seconds=0), so that what a stop leaves
+    # stored does not depend on the machine's speed; the grouped case is tested on its own below.
     return [f"tracking.root_dir={root}", *TINY_OVERRIDES, f"loop.steps={STEPS}",
             "loop.checkpoint_every=2", "loop.keep_checkpoints=5", "buffer.strategy=prioritized",
-            "buffer.reuse_cap=3", "algo.kl_coef=0.01", *extra]
+            "buffer.reuse_cap=3", "algo.kl_coef=0.01", "buffer.commit_seconds=0", *extra]
 
 
 def drive(run: TrainingRun, stop_after_append: int | None = None) -> dict[int, dict[str, float]]:
@@ -76,17 +78,26 @@ def stored(run_or_store):
                                                   "advantage", "policy_version"]).to_pydict()
 
 
-def test_resume_after_crash_is_bit_for_bit(reference):
+# (buffer.commit_seconds, the steps a crash after step 3's append leaves stored): every round
+# committed, or the rounds since the checkpoint at 2 held in memory and lost with the process.
+GROUPING = [pytest.param("0", 3, id="per-round"), pytest.param("1e9", 1, id="grouped")]
+
+
+@pytest.mark.parametrize("commit_seconds,stored_through", GROUPING)
+def test_resume_after_crash_is_bit_for_bit(reference, commit_seconds, stored_through):
     root, ref, ref_metrics = reference
-    run = setup(root, "run_id=stopped")
-    before = drive(run, stop_after_append=3)  # checkpoint at 2 done; steps 2 and 3 stored beyond it
+    run_id = f"stopped-{stored_through}"
+    grouping = f"buffer.commit_seconds={commit_seconds}"
+    run = setup(root, f"run_id={run_id}", grouping)
+    before = drive(run, stop_after_append=3)  # checkpoint at 2 done; steps 2 and 3 made beyond it
     assert sorted(before) == [0, 1, 2]
     del run
-    resumed = setup(root, "resume=stopped")
-    assert resumed.start_step == 2 and resumed.stored_through == 3 and resumed.policy_version == 2
+    resumed = setup(root, f"resume={run_id}", grouping)
+    assert resumed.start_step == 2 and resumed.stored_through == stored_through and resumed.policy_version == 2
     after = drive(resumed)
     assert sorted(after) == [2, 3, 4, 5]
-    assert after[2]["generate/seconds"] == 0.0 and after[3]["generate/seconds"] == 0.0  # read back, not generated
+    for step in (2, 3):  # read back if stored, else generated again from the step's seed
+        assert (after[step]["generate/seconds"] == 0.0) == (step <= stored_through)
     assert after[4]["generate/seconds"] > 0.0
     metrics = {**before, **after}
     assert_same_trajectory(ref_metrics, metrics, range(STEPS))
@@ -100,8 +111,8 @@ def test_resume_after_crash_is_bit_for_bit(reference):
     for a, b in zip(ref.learner.model.state_dict().values(), resumed.learner.model.state_dict().values()):
         assert torch.equal(a, b)
     # The same MLflow run, RUNNING again and then finished; its lineage in run.json.
-    assert resumed.tracker.run_id == json.loads((root / "stopped" / "run.json").read_text())["mlflow_run_id"]
-    info = json.loads((root / "stopped" / "run.json").read_text())
+    assert resumed.tracker.run_id == json.loads((root / run_id / "run.json").read_text())["mlflow_run_id"]
+    info = json.loads((root / run_id / "run.json").read_text())
     assert info["resumes"][0]["from_step"] == 2
     resumed.finish()
     assert resumed.tracker.status() == "FINISHED"
