@@ -352,8 +352,8 @@ class TrainingRun:
         return self.accounting.compute_metrics()
 
     def flush_writes(self) -> None:
-        """Wait for the table write in flight (raising its error). Call it before reading the
-        tables in the middle of a run; checkpoints and the end of the run call it."""
+        """Commit the rounds held (``buffer.commit_seconds``), wait for the write in flight (raising
+        its error). Call it before reading ``store``/``usage`` mid-run; checkpoints and the end do."""
         self.tables.wait()
 
     def summary(self, status: str = "FINISHED") -> dict[str, Any]:

@@ -367,6 +367,7 @@ def test_learner_refuses_non_finite_stored_numbers_naming_the_rollout(root, colu
     run = make_run(root, f"nonfinite-{column.replace('_', '-')}")
     table, _ = run.score(run.generate(0))
     run.append(table, 0)
+    run.flush_writes()  # the round's rows may be held for a grouped commit
     mb = run.store.take_seqs(np.arange(ROLLOUTS), columns=LEARN_COLUMNS).to_pydict()
     if column == "behaviour_logprobs":
         mb[column][5] = [float("-inf")] * len(mb[column][5])
