@@ -16,7 +16,6 @@ reason for a thread to fail. Ground floor: imports nothing of the project.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import threading
 from typing import Any, Callable
@@ -30,7 +29,9 @@ NAME_BYTES = 15  # Linux's TASK_COMM_LEN, less the terminating zero
 @functools.cache
 def _prctl() -> Callable[..., int] | None:
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+        # the process itself (dlopen(NULL)), which has libc loaded: find_library("c") would run
+        # ldconfig in a subprocess, a fork from whichever thread names itself first
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 
