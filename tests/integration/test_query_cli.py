@@ -191,7 +191,8 @@ def test_help_shows_examples():
 
 
 # ------------------------------------------------------------------ in-process (lancedb already imported)
-def test_summaries_and_messages_in_process(root, capsys):
+def test_summaries_and_messages_in_process(root, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # the table's width (a pytest-xdist worker has no terminal)
     db = str(root / "lancedb")
     assert main(["summary", "run-a", "--uri", db, "--by", "staleness", "--format", "csv"]) == 0
     assert pd.read_csv(io.StringIO(capsys.readouterr().out)).to_dict("list") == {"staleness": [0, 1, 3], "uses": [17, 4, 1]}

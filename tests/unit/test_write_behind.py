@@ -17,17 +17,22 @@ def test_writes_run_behind_the_caller_one_at_a_time_in_order():
     caller = threading.get_ident()
     threads = set()
 
+    release = threading.Event()  # write 0 lasts until the caller has seen submit() return
+
     def write(k: int) -> int:
         threads.add(threading.get_ident())
         log.append(("start", k, time.perf_counter()))
-        time.sleep(0.05)
+        if k == 0:
+            release.wait(10)
+        else:
+            time.sleep(0.05)
         log.append(("end", k, time.perf_counter()))
         return k
 
-    start = time.perf_counter()
     writes.submit(lambda: write(0))
-    assert time.perf_counter() - start < 0.04  # returned before the write finished
+    assert ("end", 0) not in [e[:2] for e in log]  # returned before the write finished
     assert writes.busy
+    threading.Timer(0.05, release.set).start()
     writes.submit(lambda: write(1))  # waits for write 0 first
     assert [e[:2] for e in log[:2]] == [("start", 0), ("end", 0)]
     assert writes.wait() == 1
