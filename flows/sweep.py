@@ -330,7 +330,11 @@ class Child:
 def plan(configs: dict[str, list[str]], seeds: list[int], overrides: list[str], name: str,
          sweep_id: str) -> list[Child]:
     """Every child run of the sweep, each configuration composed and validated first; raises
-    ConfigError naming every configuration that is wrong."""
+    ConfigError naming every configuration that is wrong.
+
+    A seed changes nothing but ``seed=``, so each configuration is composed at the first seed
+    and each further seed at the first configuration: C + S - 1 compositions, not C x S (a
+    composition is about 0.1 s; the built-in grids have hundreds of children)."""
     problems = []
     if not configs:
         problems.append("no configurations: give at least one --config NAME=OVERRIDE[,OVERRIDE...]")
@@ -347,15 +351,16 @@ def plan(configs: dict[str, list[str]], seeds: list[int], overrides: list[str], 
     if problems:
         raise ConfigError("Invalid sweep:\n  - " + "\n  - ".join(problems))
     children = []
-    for config, extra in configs.items():
-        for seed in seeds:
+    for c, (config, extra) in enumerate(configs.items()):
+        for s, seed in enumerate(seeds):
             run_id = f"{name}-{config}-s{seed}-{sweep_id}"
             child = [*overrides, *extra, f"seed={seed}", f"run_id={run_id}"]
-            try:
-                resolve_config(child)
-            except ConfigError as exc:
-                problems.append(f"configuration {config!r} (seed {seed}): {exc}")
-                break
+            if s == 0 or c == 0:
+                try:
+                    resolve_config(child)
+                except ConfigError as exc:
+                    problems.append(f"configuration {config!r} (seed {seed}): {exc}")
+                    break
             children.append(Child(config, int(seed), run_id, child))
     if problems:
         raise ConfigError("Invalid sweep:\n  - " + "\n  - ".join(problems))
