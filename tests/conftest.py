@@ -19,6 +19,11 @@ _home = Path(tempfile.mkdtemp(prefix="rp-prefect-"))
 os.environ.setdefault("PREFECT_HOME", str(_home))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+# The suite runs in two pytest-xdist workers (pyproject's addopts) on a 2-core machine: every
+# torch in it, in-process or in a subprocess, takes one thread, so that two workers never
+# spin-wait for each other's core (two threads beside a job: 2.2x slower a round, README).
+# Set before torch loads anywhere; subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -30,6 +35,8 @@ from replay_pipeline.runs import CACHE_ENV  # noqa: E402  (after sys.path is set
 os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts-"))))
 
 TIERS = ("unit", "integration", "contract", "e2e")
+TEST_THREADS = 1
+"""torch threads of every run the tests start (see OMP_NUM_THREADS above)."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,5 +58,5 @@ TINY_OVERRIDES = [
     "task.digits=1", "task.heldout_size=20", "task.validation_size=20",
     "loop.prompts_per_step=4", "loop.group_size=4", "loop.minibatch_size=16",
     "buffer.capacity=32", "tracking.progress=false",
-    "model.torch_threads=2",  # fixed (not auto), so that runs compared with each other sum alike
+    f"model.torch_threads={TEST_THREADS}",  # fixed (not auto), so that runs compared with each other sum alike
 ]

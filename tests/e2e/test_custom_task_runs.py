@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 from replay_pipeline.buffer import RolloutStore
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEST_THREADS
 
 MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-         "model.warmstart.target_accuracy=0.0", "model.warmstart.eval_every=10", "model.torch_threads=2",
+         "model.warmstart.target_accuracy=0.0", "model.warmstart.eval_every=10", f"model.torch_threads={TEST_THREADS}",
          "loop.prompts_per_step=4", "loop.group_size=4", "loop.minibatch_size=16", "buffer.capacity=32",
          "tracking.progress=false", "loop.eval_every=0", "loop.passk_every=0", "loop.eval_samples=2"]
 

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from replay_pipeline.benchmarks.peers import RESULT_JSON, RESULT_PNG, SIDES, main
 from replay_pipeline.benchmarks.sides import EXPERIMENT
 from replay_pipeline.resume import resolve_config
-from tests.conftest import TINY_OVERRIDES
+from tests.conftest import TEST_THREADS, TINY_OVERRIDES
 
 STEPS, EVAL_EVERY, REPEATS = 3, 2, 2
 EVAL_STEPS = [0, 2, 3]  # start, every EVAL_EVERY, end
@@ -81,7 +81,7 @@ def test_every_side_measured_seconds_per_step(bench):
         assert len(r["step_seconds"]) == len(r["gen_seconds"]) == len(r["train_seconds"]) == STEPS
         assert all(s > 0 for s in r["step_seconds"]), side
         assert all(g > 0 for g in r["gen_seconds"]) and all(t > 0 for t in r["train_seconds"]), side
-        assert r["torch_threads"] == 2, side  # model.torch_threads on every side
+        assert r["torch_threads"] == TEST_THREADS, side  # model.torch_threads on every side
         assert r["startup_seconds"] > 0, side
     for side, r in _each(result):
         for s, g, t in zip(r["step_seconds"], r["gen_seconds"], r["train_seconds"]):

@@ -14,7 +14,7 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from replay_pipeline.buffer import RolloutStore
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEST_THREADS
 
 BOOM = '''
 
@@ -44,7 +44,7 @@ def test_an_error_in_the_loop_ends_in_one_line_with_the_log_file_and_mlflow_fail
         [sys.executable, "-m", "flows.train", f"tracking.root_dir={tmp_path}", "run_id=flaky", "task=custom",
          f"task.target={task_file}:make_flaky", "task.heldout_size=20", "task.validation_size=20",
          "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-         "model.warmstart.target_accuracy=0.0", "model.warmstart.eval_every=10", "model.torch_threads=2",
+         "model.warmstart.target_accuracy=0.0", "model.warmstart.eval_every=10", f"model.torch_threads={TEST_THREADS}",
          "loop.prompts_per_step=3", "loop.group_size=4", "loop.minibatch_size=12", "buffer.capacity=24",
          "loop.steps=4", "loop.eval_every=0", "loop.passk_every=0", "tracking.progress=false"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
