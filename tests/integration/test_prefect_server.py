@@ -2,11 +2,14 @@
 
 Its idle loop services are off (IDLE_SERVICES), read back from the server's own settings
 (`GET /api/admin/settings`); the services that record a run stay on, so a flow's task run is
-in the server's database and its state is Completed; a setting in the environment wins."""
+in the server's database and its state is Completed; a setting in the environment wins; a new
+PREFECT_HOME starts from the migrated template database and an existing database is kept."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 
 import httpx
@@ -65,3 +68,34 @@ def test_a_service_setting_in_the_environment_wins(no_api_url):
     with prefect_server.temporary_server() as url:
         enabled = services(url)
     assert enabled["scheduler"] is True and enabled["late_runs"] is False
+
+
+def test_a_new_home_starts_from_the_migrated_template_and_an_existing_database_is_kept(no_api_url, tmp_path):
+    """A new PREFECT_HOME's database is a copy of the template the first new home left (Prefect
+    migrates nothing then); the template holds no run of that home; a home that has a database
+    keeps it."""
+    no_api_url.setenv("REPLAY_PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+
+    def serve(home) -> list[dict]:
+        no_api_url.setenv("PREFECT_HOME", str(home))
+        prefect_server.launch()
+        url = prefect_server._start(120)
+        try:
+            assert httpx.post(f"{url}/flows/", json={"name": f"flow-{home.name}"}, timeout=30).is_success
+            return httpx.post(f"{url}/flows/filter", json={}, timeout=30).json()
+        finally:
+            prefect_server.stop()
+
+    first = serve(tmp_path / "a")
+    (template,) = (tmp_path / "cache").glob("prefect-db-*/prefect.db")
+    with contextlib.closing(sqlite3.connect(template)) as db:
+        assert db.execute("SELECT count(*) FROM flow").fetchone() == (0,)  # migrated, nothing served
+        assert db.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
+        db.execute("CREATE TABLE template_marker (x)")  # to tell a copy from Prefect's own migration
+    assert [f["name"] for f in serve(tmp_path / "b")] == ["flow-b"]
+    with contextlib.closing(sqlite3.connect(tmp_path / "b" / "prefect.db")) as db:
+        assert db.execute("SELECT name FROM sqlite_master WHERE name = 'template_marker'").fetchall()
+    again = serve(tmp_path / "a")  # its own database, kept: the same flow, not a copy of the template
+    assert [(f["name"], f["id"]) for f in again] == [(f["name"], f["id"]) for f in first]
+    with contextlib.closing(sqlite3.connect(tmp_path / "a" / "prefect.db")) as db:
+        assert not db.execute("SELECT name FROM sqlite_master WHERE name = 'template_marker'").fetchall()
