@@ -21,8 +21,8 @@ line refused meanwhile stops it at exit (atexit, and its watchdog).
 
 A new PREFECT_HOME's database starts as a copy of an empty, migrated one (`_seed_database`):
 Prefect migrates a new SQLite database on its first start, about 14 s of CPU here (its server
-was ready after 16.7 s on a new home, 5.6 s on an existing one), and every new run root has a
-new home. The first server to make one keeps a copy, once migrated and before it serves, as
+was ready 17.0 s after launch on a new home, 8.0 s on a new home seeded so, 5.6 s on one with
+a database: README), and every new run root has a new home. The first server to make one keeps a copy, once migrated and before it serves, as
 `<cache>/prefect-db-<prefect version>/prefect.db` (`<cache>`: REPLAY_PIPELINE_CACHE_DIR, else
 ~/.cache/replay-pipeline); later new homes link a copy into place only while none exists, so
 a database another server already writes is never replaced. Prefect then finds it at head
@@ -178,7 +178,9 @@ def _template_path() -> Path:
     # start-up cost: prefect, in the server process only
     import prefect
 
-    shared = os.environ.get("REPLAY_PIPELINE_CACHE_DIR")
+    from replay_pipeline.runs import CACHE_ENV  # start-up cost: the server process only
+
+    shared = os.environ.get(CACHE_ENV)
     cache = Path(shared).expanduser() if shared else Path.home() / ".cache" / "replay-pipeline"
     return cache / f"prefect-db-{prefect.__version__}" / "prefect.db"
 
@@ -196,19 +198,16 @@ async def _migrate_and_register(db: Any) -> None:
 def _seed_database() -> None:
     """A new home's database from the migrated template, or migrated here and kept as the
     template (see the module's docstring); nothing when the database exists already."""
-    path = _sqlite_path()
-    if path is None or path.exists() or (path.parent.exists() and not os.access(path.parent, os.W_OK)):
-        return  # an unwritable home is the trainer's to report (it exits 2 before any work)
+    path = _sqlite_path()  # importing Prefect's settings has created the home where it could
+    if path is None or path.exists() or not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        return  # nothing to seed, or a home the trainer reports as unwritable (exit 2, before any work)
     template = _template_path()
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         if template.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(template, tmp)
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)  # only while none exists: never over a live database
-            return
-        if not path.parent.is_dir():
             return
         import asyncio  # start-up cost: only a new home's first server migrates here
 

@@ -334,7 +334,7 @@ def plan(configs: dict[str, list[str]], seeds: list[int], overrides: list[str], 
 
     A seed changes nothing but ``seed=``, so each configuration is composed at the first seed
     and each further seed at the first configuration: C + S - 1 compositions, not C x S (a
-    composition is about 0.1 s; the built-in grids have hundreds of children)."""
+    composition took 0.3-0.4 s on the 2026-12-03 machine; a built-in grid has 4-50 children)."""
     problems = []
     if not configs:
         problems.append("no configurations: give at least one --config NAME=OVERRIDE[,OVERRIDE...]")

@@ -23,7 +23,9 @@ os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 # torch in it, in-process or in a subprocess, takes one thread, so that two workers never
 # spin-wait for each other's core (two threads beside a job: 2.2x slower a round, README).
 # Set before torch loads anywhere; subprocesses inherit it.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+TEST_THREADS = 1
+"""torch threads of every run the tests start."""
+os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -35,8 +37,6 @@ from replay_pipeline.runs import CACHE_ENV  # noqa: E402  (after sys.path is set
 os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts-"))))
 
 TIERS = ("unit", "integration", "contract", "e2e")
-TEST_THREADS = 1
-"""torch threads of every run the tests start (see OMP_NUM_THREADS above)."""
 
 
 def pytest_collection_modifyitems(config, items):
