@@ -19,14 +19,18 @@ other, and `temporary_server()` then only waits for whatever is left of the boot
 line refused meanwhile stops it at exit (atexit, and its watchdog).
 `python -m flows.prefect_server --port N --parent PID` is the server process itself.
 
-A new PREFECT_HOME's database starts as a copy of an empty, migrated one (`_seed_database`):
-Prefect migrates a new SQLite database on its first start, about 14 s of CPU here (its server
-was ready 17.0 s after launch on a new home, 8.0 s on a new home seeded so, 5.6 s on one with
-a database: README), and every new run root has a new home. The first server to make one keeps a copy, once migrated and before it serves, as
-`<cache>/prefect-db-<prefect version>/prefect.db` (`<cache>`: REPLAY_PIPELINE_CACHE_DIR, else
-~/.cache/replay-pipeline); later new homes link a copy into place only while none exists, so
-a database another server already writes is never replaced. Prefect then finds it at head
-and migrates nothing. Any failure here leaves the home to Prefect's own migration.
+A new PREFECT_HOME's database starts as a copy of an empty, migrated one (`_seed_database`,
+through `replay_pipeline.sqlite_templates`): Prefect migrates a new SQLite database on its first
+start, about 14 s of CPU here, and registers its block types, about 2.4 s more; every new run
+root has a new home. The first server to make one keeps a copy, migrated and registered and
+before it serves, as `<cache>/prefect-db-<prefect version>-<key>/prefect.db` (`<key>`: a hash
+of the block types this environment has, so that a collection installed later makes a new
+template); later new homes link a copy into place only while none exists. Either way the seed
+then writes the home's memo of the registration (Prefect's own `memo_store.toml`, a hash that
+includes this home's database URL), so the server's start finds the schema at head and the
+block types registered and does neither again. Any failure here leaves the home to Prefect's
+own migration and registration. The server was ready 17.0 s after launch on a new home without
+the template, 8.0 s with it before the memo (README).
 
 The server's loop services that a trainer's private server has no work for are off
 (`IDLE_SERVICES`: deployment schedules, late scheduled runs, workers' heartbeats, pause
@@ -41,12 +45,11 @@ cost after its boot: about 1 s of CPU for the 130 task-run state events of that 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import atexit
 import contextlib
 import os
-import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -55,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import flows  # noqa: F401  (Prefect's environment before prefect is imported)
+from replay_pipeline import sqlite_templates
 
 #: Prefect server services off on the trainer's private server (see the module's docstring).
 IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "TRIGGERS")
@@ -174,58 +178,60 @@ def _sqlite_path() -> Path | None:
     return Path(url[len(prefix):]) if url.startswith(prefix) and url[len(prefix):].startswith("/") else None
 
 
-def _template_path() -> Path:
-    # start-up cost: prefect, in the server process only
-    import prefect
+async def _blocks_key() -> str:
+    """What Prefect's block auto-registration hashes, less the database's URL: the template is
+    kept per Prefect version and per this key, so that its block types are this environment's."""
+    # start-up cost: prefect's server, in the server process only (its start loads them anyway)
+    from hashlib import sha256
 
-    from replay_pipeline.runs import CACHE_ENV  # start-up cost: the server process only
+    import prefect.plugins
+    from prefect.blocks.core import Block
+    from prefect.server.models.block_registration import _load_collection_blocks_data
+    from prefect.utilities.dispatch import get_registry_for_type
+    from prefect.utilities.hashing import hash_objects
 
-    shared = os.environ.get(CACHE_ENV)
-    cache = Path(shared).expanduser() if shared else Path.home() / ".cache" / "replay-pipeline"
-    return cache / f"prefect-db-{prefect.__version__}" / "prefect.db"
+    prefect.plugins.load_prefect_collections()
+    return hash_objects(get_registry_for_type(Block), await _load_collection_blocks_data(), hash_algo=sha256)
 
 
-async def _migrate_and_register(db: Any) -> None:
+async def _migrate_and_register() -> None:
     """What the server's start does to a new database: migrate it, register the block types."""
     # start-up cost: prefect's server, in the server process only
+    from prefect.server.database import provide_database_interface
     from prefect.server.models.block_registration import run_block_auto_registration
 
+    db = provide_database_interface()
     await db.create_db()
     async with await db.session() as session:
         await run_block_auto_registration(session=session)
 
 
+async def _blocks_registered() -> None:
+    """Nothing: the seeded database's block types are registered already."""
+
+
 def _seed_database() -> None:
     """A new home's database from the migrated template, or migrated here and kept as the
-    template (see the module's docstring); nothing when the database exists already."""
+    template (see the module's docstring); then the home's memo that its block types are
+    registered, so that the server's start does not register them again (about 2.4 s). Nothing
+    when the database exists already."""
     path = _sqlite_path()  # importing Prefect's settings has created the home where it could
-    if path is None or path.exists() or not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
-        return  # nothing to seed, or a home the trainer reports as unwritable (exit 2, before any work)
-    template = _template_path()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    if path is None or path.exists():
+        return
+    import prefect  # start-up cost: prefect, in the server process only
+    # start-up cost: prefect's server, in the server process only (uvicorn imports it next)
+    from prefect.server.api.server import _memoize_block_auto_registration
+
     try:
-        if template.is_file():
-            shutil.copyfile(template, tmp)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)  # only while none exists: never over a live database
-            return
-        import asyncio  # start-up cost: only a new home's first server migrates here
-
-        # start-up cost: prefect's server, in the server process only
-        from prefect.server.database import provide_database_interface
-
-        asyncio.run(_migrate_and_register(provide_database_interface()))
-        template.parent.mkdir(parents=True, exist_ok=True)
-        kept = template.with_name(f".{template.name}.{os.getpid()}")
-        with contextlib.closing(sqlite3.connect(path)) as source, contextlib.closing(sqlite3.connect(kept)) as copy:
-            source.backup(copy)  # migrated, before anything is served
-            copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (no -wal beside it)
-        os.replace(kept, template)
-    except Exception:  # noqa: BLE001  (any failure: Prefect migrates the home itself, as before)
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        key = asyncio.run(_blocks_key())[:16]
+    except Exception:  # noqa: BLE001  (any failure: Prefect migrates and registers itself, as before)
+        return
+    name = f"prefect-db-{prefect.__version__}-{key}/prefect.db"
+    if sqlite_templates.seed(path, name, lambda _: asyncio.run(_migrate_and_register())):
+        with contextlib.suppress(Exception):
+            # Prefect's own memo (hash of the block types and this home's database URL): its
+            # start then finds them registered, as on any later start of this home.
+            asyncio.run(_memoize_block_auto_registration(_blocks_registered)())
 
 
 def main(argv: list[str] | None = None) -> int:

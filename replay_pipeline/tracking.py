@@ -41,6 +41,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
 
+from replay_pipeline import sqlite_templates
 from replay_pipeline.threadnames import os_named
 
 # MLflow's SQLite store logs Alembic migrations at INFO on first use; keep the terminal clean.
@@ -155,6 +156,32 @@ EXPERIMENT_KIND = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 
 
+def _migrate_sqlite(path: Path) -> None:
+    """A new SQLite file with MLflow's tables at its newest schema, as its store's first open
+    makes them (no experiment yet: the store adds its default one, with this root's artifact
+    location, when it opens the copy)."""
+    # start-up cost: MLflow's store, only for a database that did not exist
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    try:
+        _initialize_tables(engine)
+    finally:
+        engine.dispose()
+
+
+def seed_sqlite_store(uri: str) -> None:
+    """A new local SQLite tracking store (`sqlite:///<file>` that does not exist yet) starts as
+    a copy of an empty migrated one (`replay_pipeline.sqlite_templates`): MLflow's first open of
+    a new file migrates it (3.4 s here, against 1.1 s to open one at head). Any other URI, or
+    a file that exists: nothing."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or "?" in uri or uri == prefix:
+        return
+    sqlite_templates.seed(Path(uri[len(prefix):]), f"mlflow-db-{version('mlflow')}/mlflow.db", _migrate_sqlite)
+
+
 class MlflowTracker:
     @_uninterrupted
     def __init__(self, uri: str, experiment: str, artifact_location: str | Path | None,
@@ -162,6 +189,7 @@ class MlflowTracker:
         # start-up cost: mlflow takes seconds to import; only this path talks to the store
         from mlflow.tracking import MlflowClient
 
+        seed_sqlite_store(uri)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)

@@ -95,6 +95,14 @@ def test_a_new_home_starts_from_the_migrated_template_and_an_existing_database_i
     assert [f["name"] for f in serve(tmp_path / "b")] == ["flow-b"]
     with contextlib.closing(sqlite3.connect(tmp_path / "b" / "prefect.db")) as db:
         assert db.execute("SELECT name FROM sqlite_master WHERE name = 'template_marker'").fetchall()
+        registered = db.execute("SELECT slug, block_type.updated, block_schema.updated FROM block_schema JOIN block_type"
+                                " ON block_type.id = block_type_id ORDER BY slug").fetchall()
+    with contextlib.closing(sqlite3.connect(template)) as db:
+        # b's start registered nothing again (the memo the seed left matched): its block types
+        # and schemas are the template's, down to their update times
+        assert registered == db.execute("SELECT slug, block_type.updated, block_schema.updated FROM block_schema JOIN block_type"
+                                        " ON block_type.id = block_type_id ORDER BY slug").fetchall()
+    assert len(registered) > 10 and (tmp_path / "b" / "memo_store.toml").is_file()
     again = serve(tmp_path / "a")  # its own database, kept: the same flow, not a copy of the template
     assert [(f["name"], f["id"]) for f in again] == [(f["name"], f["id"]) for f in first]
     with contextlib.closing(sqlite3.connect(tmp_path / "a" / "prefect.db")) as db:
