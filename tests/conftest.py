@@ -39,14 +39,33 @@ os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts
 TIERS = ("unit", "integration", "contract", "e2e")
 
 
+#: The suite's longest files (seconds of one worker, 2026-12-03, two workers): started first.
+LONGEST_FIRST = ("test_guard_rails", "test_faults", "test_dask", "test_async", "test_custom_task_runs",
+                 "test_servers", "test_viewer", "test_peers", "test_sweep", "test_train_flow")
+#: Then whole tiers, slowest first: a worker that ends its last file early idles while the other
+#: finishes, so the short files go last, where they fill the gap.
+TIER_ORDER = ("e2e", "integration", "contract", "unit")
+
+
+def _schedule_key(path: Path) -> tuple[int, int]:
+    parts = path.relative_to(ROOT / "tests").parts
+    tier = TIER_ORDER.index(parts[0]) if parts[0] in TIER_ORDER else len(TIER_ORDER)
+    named = LONGEST_FIRST.index(path.stem) if path.stem in LONGEST_FIRST else len(LONGEST_FIRST)
+    return tier, named
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark every test with its tier, from the folder it is in."""
+    """Mark every test with its tier, from the folder it is in; order the files longest first
+    (the workers take files in this order: pyproject's addopts turn off pytest-xdist's own
+    reordering, which put the files with the most tests first, the unit tier's, and left the
+    few-test e2e files, the longest, to the end, where one worker ran on alone)."""
     import pytest
 
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         if parts and parts[0] in TIERS:
             item.add_marker(getattr(pytest.mark, parts[0]))
+    items.sort(key=lambda item: _schedule_key(Path(str(item.fspath))))  # stable: in-file order kept
 
 # A model and task small enough that the warm start takes seconds: tests exercise the
 # pipeline, not the learning (the README's default run shows the learning); the warm
