@@ -35,7 +35,8 @@ def seed(path: Path, name: str, migrate: Callable[[Path], None]) -> bool:
     """Make the new database `path` from the template `name`, or with `migrate(path)` (which
     creates and migrates `path` in place) and keep a copy as the template. Nothing when `path`
     exists or its folder is missing or unwritable (the store reports that itself). True when
-    `path` now exists because of this call."""
+    `path` now exists, migrated, because of this call (also when only keeping the template
+    failed)."""
     if path.exists() or not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
         return False
     template = template_path(name)
@@ -48,15 +49,24 @@ def seed(path: Path, name: str, migrate: Callable[[Path], None]) -> bool:
                 return True
             return False
         migrate(path)
-        template.parent.mkdir(parents=True, exist_ok=True)
-        kept = template.with_name(f".{template.name}.{os.getpid()}")
-        with contextlib.closing(sqlite3.connect(path)) as source, contextlib.closing(sqlite3.connect(kept)) as copy:
-            source.backup(copy)  # migrated, before anything is written to it
-            copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (no -wal beside it)
-        os.replace(kept, template)
-        return True
     except Exception:  # noqa: BLE001  (any failure: the store migrates the database itself, as before)
         return False
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+    with contextlib.suppress(Exception):  # no template kept: the next new database migrates too
+        _keep(path, template)
+    return True
+
+
+def _keep(path: Path, template: Path) -> None:
+    """A copy of the migrated `path`, before anything is written to it, as `template`."""
+    template.parent.mkdir(parents=True, exist_ok=True)
+    kept = template.with_name(f".{template.name}.{os.getpid()}")
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as source, contextlib.closing(sqlite3.connect(kept)) as copy:
+            source.backup(copy)
+            copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file (no -wal beside it)
+        os.replace(kept, template)
+    finally:
+        kept.unlink(missing_ok=True)

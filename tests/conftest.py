@@ -47,11 +47,15 @@ LONGEST_FIRST = ("test_guard_rails", "test_faults", "test_dask", "test_async", "
 TIER_ORDER = ("e2e", "integration", "contract", "unit")
 
 
-def _schedule_key(path: Path) -> tuple[int, int]:
-    parts = path.relative_to(ROOT / "tests").parts
-    tier = TIER_ORDER.index(parts[0]) if parts[0] in TIER_ORDER else len(TIER_ORDER)
-    named = LONGEST_FIRST.index(path.stem) if path.stem in LONGEST_FIRST else len(LONGEST_FIRST)
-    return tier, named
+def _tier(item) -> str | None:
+    parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+    return parts[0] if parts and parts[0] in TIERS else None
+
+
+def _schedule_key(item) -> tuple[int, int]:
+    tier, stem = _tier(item), Path(str(item.fspath)).stem
+    return (TIER_ORDER.index(tier) if tier else len(TIER_ORDER),
+            LONGEST_FIRST.index(stem) if stem in LONGEST_FIRST else len(LONGEST_FIRST))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -62,10 +66,9 @@ def pytest_collection_modifyitems(config, items):
     import pytest
 
     for item in items:
-        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        if parts and parts[0] in TIERS:
-            item.add_marker(getattr(pytest.mark, parts[0]))
-    items.sort(key=lambda item: _schedule_key(Path(str(item.fspath))))  # stable: in-file order kept
+        if tier := _tier(item):
+            item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=_schedule_key)  # stable: in-file order kept
 
 # A model and task small enough that the warm start takes seconds: tests exercise the
 # pipeline, not the learning (the README's default run shows the learning); the warm
