@@ -247,7 +247,8 @@ def test_cpu_constraints_pin_every_dependency_exactly():
                     reason="checks the running environment against the pins: set by .ci/run's pinned mode")
 def test_environment_is_exactly_the_pinned_one():
     """In CI's pinned mode, what is installed is what infra/constraints-cpu.txt says, and nothing
-    that it does not name (pip, setuptools and the project itself aside)."""
+    that it does not name (pip, setuptools, uv, which infra/install.sh installs with, and the
+    project itself aside)."""
     from importlib import metadata
 
     pins = _pins("constraints-cpu.txt")
@@ -258,7 +259,7 @@ def test_environment_is_exactly_the_pinned_one():
             import re
 
             installed[re.sub(r"[-_.]+", "-", name).lower()] = dist.version.split("+")[0]
-    extra = set(installed) - set(pins) - {"pip", "setuptools", "wheel", "replay-pipeline"}
+    extra = set(installed) - set(pins) - {"pip", "setuptools", "wheel", "uv", "replay-pipeline"}
     assert not extra, f"installed but not pinned: {sorted(extra)}; refresh with infra/refresh-constraints.sh"
     wrong = {n: (installed[n], v) for n, v in pins.items() if n in installed and installed[n] != v}
     assert not wrong, f"installed (left) differs from the pin (right): {wrong}"
