@@ -5,6 +5,9 @@ defaults before any flow module imports it: Prefect's ephemeral state lives unde
 run root (`<tracking.root_dir>/.prefect`), analytics are off, and the temporary server's
 own shutdown chatter is silenced. Anything already set in the environment wins, so the
 same flows run against a real Prefect server when PREFECT_API_URL is set.
+
+It also spares every command the interpreter's final garbage collection, 2.3-2.6 s of CPU at
+each exit here (replay_pipeline/process_exit.py).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from replay_pipeline.process_exit import skip_final_collection
 
 
 def _root_dir_from_argv(argv: list[str]) -> str:
@@ -37,3 +42,4 @@ def prepare_environment(argv: list[str] | None = None) -> None:
 
 
 prepare_environment()
+skip_final_collection()

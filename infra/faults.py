@@ -34,14 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from replay_pipeline.config.tiny import tiny_overrides  # noqa: E402
 from replay_pipeline.faults import ENV, SIGNAL_ENV, SIGNAL_LOG_ENV  # noqa: E402
 from replay_pipeline.run.lineage import run_status  # noqa: E402
 
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
-        "model.warmstart.target_accuracy=0.3", "model.warmstart.lr=3e-3", "model.warmstart.warmup_steps=5",
-        "model.warmstart.eval_every=10", "task.digits=1", "task.heldout_size=20", "task.validation_size=20",
-        "loop.prompts_per_step=4", "loop.group_size=4", "loop.minibatch_size=16", "buffer.capacity=32",
-        "tracking.progress=false", "model.torch_threads=1"]
+TINY = tiny_overrides(1)
 STEPS = 20
 RUN = [*TINY, f"loop.steps={STEPS}", "loop.checkpoint_every=5", "loop.eval_every=10", "loop.passk_every=10",
        "loop.eval_samples=4", "loop.pass1_samples=4", "buffer.strategy=prioritized", "buffer.reuse_cap=3"]

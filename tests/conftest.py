@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:
 # One warm-start cache for the whole test run (every run root, every subprocess): warm starts
 # are content-addressed by their settings, so the tiny test model is trained once per run of
 # the suite instead of once per module.
-from replay_pipeline.runs import CACHE_ENV  # noqa: E402  (after sys.path is set)
+from replay_pipeline.config.tiny import tiny_overrides  # noqa: E402  (after sys.path is set)
+from replay_pipeline.runs import CACHE_ENV  # noqa: E402
 
 os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts-"))))
 
@@ -70,15 +71,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
     items.sort(key=_schedule_key)  # stable: in-file order kept
 
-# A model and task small enough that the warm start takes seconds: tests exercise the
-# pipeline, not the learning (the README's default run shows the learning); the warm
-# start still reaches ~30% so that groups have mixed rewards and non-zero advantages.
-TINY_OVERRIDES = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-    "model.intermediate_size=64", "model.warmstart.target_accuracy=0.3",
-    "model.warmstart.lr=3e-3", "model.warmstart.warmup_steps=5", "model.warmstart.eval_every=10",
-    "task.digits=1", "task.heldout_size=20", "task.validation_size=20",
-    "loop.prompts_per_step=4", "loop.group_size=4", "loop.minibatch_size=16",
-    "buffer.capacity=32", "tracking.progress=false",
-    f"model.torch_threads={TEST_THREADS}",  # fixed (not auto), so that runs compared with each other sum alike
-]
+# The tiny run (replay_pipeline/config/tiny.py): tests exercise the pipeline, not the learning.
+TINY_OVERRIDES = tiny_overrides(TEST_THREADS)

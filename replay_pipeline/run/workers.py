@@ -75,6 +75,7 @@ from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.config import TASK_DEFAULTS
 from replay_pipeline.models.device import resolve_device
 from replay_pipeline.models.loading import generator_from_pretrained
+from replay_pipeline.process_exit import skip_final_collection
 from replay_pipeline.run.batches import generate_batch, quiet_transformers, reward_terms, score_batch
 from replay_pipeline.run.files import AsyncDir, LearnerWatch
 from replay_pipeline.runs import RunPaths
@@ -104,6 +105,7 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
     if parent_pid is not None:  # a child of the learner: Ctrl-C reaches the whole terminal's group,
         # but only the learner decides when to stop (it writes STOP; replay_pipeline/stopping.py)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        skip_final_collection()  # the learner waits for this process to end
     with ExitStack() as resources:
         return _generator_worker(resources, cfg_container, run_id, worker, parent_pid, session)
 

@@ -91,7 +91,11 @@ def test_a_stop_at_each_kind_of_point_behaves_and_resumes_bit_for_bit(root, refe
         assert case["prefect_after_resume"].split("/") == ["CRASHED", "COMPLETED"], case
         return
     assert case["exit_code"] == 128 + signal.Signals[signame], case
-    assert case["exit_seconds"] is not None and case["exit_seconds"] < 10, case
+    # That the run stopped at its safe point, not at its end, the exit code and the last line
+    # tell (130/143, "stopped by ..."); this bound catches an end that hangs (once: 75 s of retries against a
+    # Prefect server Ctrl-C had killed). 2.7-3.6 s here on a quiet machine; 10.2 s in a CI run
+    # on a machine loaded 2x over (that suite took 48 min, not 26) failed the old 10-s bound.
+    assert case["exit_seconds"] is not None and case["exit_seconds"] < 30, case
     assert not case["traceback"], case
     assert case["last_line"].startswith(f"stopped by {signame}") and "resume=" in case["last_line"], case
     assert case["mlflow"] == "KILLED" and case["prefect"] == "CANCELLED" and case["status"] == "killed", case
