@@ -17,7 +17,9 @@ calls it first thing (unless asked for --help or --cfg), so the server boots (ab
 on one core while the trainer checks its configuration, imports and builds its run on the
 other, and `temporary_server()` then only waits for whatever is left of the boot; a command
 line refused meanwhile stops it at exit (atexit, and its watchdog).
-`python -m flows.prefect_server --port N --parent PID` is the server process itself.
+`python -m flows.prefect_server --port N --parent PID` is the server process itself; `spawn()`
+starts one and `wait_ready()` waits for it (the tests share one a run root this way,
+tests/servers.py).
 
 A new PREFECT_HOME's database starts as a copy of an empty, migrated one (`_seed_database`,
 through `replay_pipeline.sqlite_templates`): Prefect migrates a new SQLite database on its first
@@ -81,51 +83,68 @@ def _configured_url() -> str | None:
     return get_current_settings().api.url
 
 
+def spawn(parent: int, settings_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a server process watching `parent` on a free port, without waiting for it; returns
+    the process and the API it will answer at. Its environment is this process's with the
+    idle services off (a setting in the environment wins) and `settings_env` on top."""
+    port = _free_port()
+    env = {**{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES},
+           **os.environ, **(settings_env or {}),
+           "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.prefect_server", "--port", str(port),
+                             "--parent", str(parent)], env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}/api"
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> None:
+    """Wait until the server `proc` answers at `url`; RuntimeError (the server left running)
+    if it exits first or does not answer within `timeout` seconds."""
+    # start-up cost: httpx, once a flow is about to run
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    with httpx.Client() as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the temporary Prefect server exited with code {proc.returncode} "
+                                   "before it was ready; set PREFECT_API_URL to use a running server")
+            try:
+                if client.get(f"{url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    raise RuntimeError(f"the temporary Prefect server was not ready within {timeout:.0f} s "
+                       "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+
+
 def launch(settings_env: dict[str, str] | None = None) -> None:
-    """Start the server's process without waiting for it (nothing when PREFECT_API_URL is in
+    """Start this process's server without waiting for it (nothing when PREFECT_API_URL is in
     the environment or one is started already). Prefect is not imported here: the server
     process reads the same environment and profile as this one would (`settings_env` adds
     settings made in this process, as `_start` passes them)."""
     global _server, _launched
     if _server is not None or os.environ.get("PREFECT_API_URL"):
         return
-    port = _free_port()
-    env = {**{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES},
-           **os.environ, **(settings_env or {}),
-           "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    _server = subprocess.Popen([sys.executable, "-m", "flows.prefect_server", "--port", str(port),
-                                "--parent", str(os.getpid())], env=env, start_new_session=True,
-                               stdin=subprocess.DEVNULL)
+    _server, _launched = spawn(os.getpid(), settings_env)
     atexit.register(stop)
-    _launched = f"http://127.0.0.1:{port}/api"
 
 
 def _start(timeout: float) -> str:
     """The launched server's API once it answers (launched here if it was not)."""
     global _url
-    # start-up cost: prefect and httpx, once a flow is about to run
-    import httpx
+    # start-up cost: prefect, once a flow is about to run
     from prefect.settings import get_current_settings
 
     if _server is None:
         launch(get_current_settings().to_environment_variables(exclude_unset=True))
-    url = _launched
-    deadline = time.monotonic() + timeout
-    with httpx.Client() as client:
-        while time.monotonic() < deadline:
-            if _server.poll() is not None:
-                raise RuntimeError(f"the temporary Prefect server exited with code {_server.returncode} "
-                                   "before it was ready; set PREFECT_API_URL to use a running server")
-            try:
-                if client.get(f"{url}/health", timeout=2).status_code == 200:
-                    _url = url
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-    stop()
-    raise RuntimeError(f"the temporary Prefect server was not ready within {timeout:.0f} s "
-                       "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+    try:
+        wait_ready(_server, _launched, timeout)
+    except RuntimeError:
+        stop()
+        raise
+    _url = _launched
+    return _url
 
 
 def stop() -> None:

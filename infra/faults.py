@@ -135,7 +135,10 @@ def compare(mine: dict, ref: dict) -> dict:
             and mine["weights"] == ref["weights"]}
 
 
-def one_case(root: Path, cache: Path, point: str, signame: str, ref: dict) -> dict:
+def one_case(root: Path, cache: Path, point: str, signame: str, ref: dict,
+             env: dict[str, str] | None = None) -> dict:
+    """Stop a run at `point` by `signame`, then resume it, against the unstopped `ref`; `env`
+    adds to both processes' environment (e.g. a PREFECT_API_URL: the tests' shared server)."""
     run_id = f"{point}-{signame.lower()}"
     step = POINTS[point]
     sig_log = root / f"{run_id}.signal"
@@ -143,7 +146,7 @@ def one_case(root: Path, cache: Path, point: str, signame: str, ref: dict) -> di
         cache = root / f"cache-{run_id}"  # a cold cache: the warm start really trains
     spec = {ENV: f"{point}:{step}"} if signame == "SIGKILL" else {SIGNAL_ENV: f"{point}:{step}:{signame}",
                                                                   SIGNAL_LOG_ENV: str(sig_log)}
-    code, out, pid = train(root, cache, [*RUN, f"run_id={run_id}"], spec)
+    code, out, pid = train(root, cache, [*RUN, f"run_id={run_id}"], {**(env or {}), **spec})
     ended = time.time()
     sent = float(sig_log.read_text()) if sig_log.exists() else None
     time.sleep(2)
@@ -153,7 +156,7 @@ def one_case(root: Path, cache: Path, point: str, signame: str, ref: dict) -> di
             "traceback": "Traceback" in out, "last_line": lines[-1][:160] if lines else "",
             "mlflow": mlflow_status(root, run_id), "prefect": "/".join(prefect_states(root, run_id)),
             "left_behind": left_behind(pid), "status": run_status(root, run_id)["status"]}
-    rcode, rout, _ = train(root, cache, [f"resume={run_id}"])
+    rcode, rout, _ = train(root, cache, [f"resume={run_id}"], env)
     case["resume_exit_code"] = rcode
     case["mlflow_after_resume"] = mlflow_status(root, run_id)
     case["prefect_after_resume"] = "/".join(prefect_states(root, run_id))

@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 _home = Path(tempfile.mkdtemp(prefix="rp-prefect-"))
 os.environ.setdefault("PREFECT_HOME", str(_home))
@@ -64,7 +66,6 @@ def pytest_collection_modifyitems(config, items):
     (the workers take files in this order: pyproject's addopts turn off pytest-xdist's own
     reordering, which put the files with the most tests first, the unit tier's, and left the
     few-test e2e files, the longest, to the end, where one worker ran on alone)."""
-    import pytest
 
     for item in items:
         if tier := _tier(item):
@@ -73,3 +74,13 @@ def pytest_collection_modifyitems(config, items):
 
 # The tiny run (replay_pipeline/config/tiny.py): tests exercise the pipeline, not the learning.
 TINY_OVERRIDES = tiny_overrides(TEST_THREADS)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _shared_prefect_servers_end_with_their_module():
+    """A module's shared Prefect servers (tests/servers.py's prefect_env) stop at its end: idle,
+    each still costs CPU beside the next module's work."""
+    yield
+    from tests.servers import stop_prefect_servers
+
+    stop_prefect_servers()

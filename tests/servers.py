@@ -106,3 +106,34 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         except ProcessLookupError:
             pass
         proc.wait(timeout=timeout)
+
+
+_prefect: dict[Path, tuple[subprocess.Popen, str]] = {}
+
+
+def prefect_env(home: Path) -> dict[str, str]:
+    """`PREFECT_HOME` and `PREFECT_API_URL` of a Prefect server on `home` shared by the
+    processes a test module starts there, instead of a temporary server each (its boot is 5-9 s
+    of CPU here, a quarter of a tiny run's). It is the server a trainer starts for itself
+    (flows/prefect_server.py, the same settings), watching this test process; started on the
+    first ask, ready when this returns, stopped at the module's end (tests/conftest.py). Tests
+    of the temporary server itself (a stop's behaviour, nothing left behind) leave it out."""
+    from flows.prefect_server import spawn, wait_ready  # the test process's Prefect settings first
+
+    home = Path(home).resolve()
+    if home not in _prefect or _prefect[home][0].poll() is not None:
+        home.mkdir(parents=True, exist_ok=True)
+        proc, url = spawn(os.getpid(), {"PREFECT_HOME": str(home)})
+        _prefect[home] = (proc, url)
+        try:
+            wait_ready(proc, url, 120)
+        except RuntimeError:
+            stop_process(proc)
+            raise
+    return {"PREFECT_HOME": str(home), "PREFECT_API_URL": _prefect[home][1]}
+
+
+def stop_prefect_servers() -> None:
+    """Stop the servers `prefect_env` started."""
+    while _prefect:
+        stop_process(_prefect.popitem()[1][0])

@@ -13,6 +13,7 @@ import sys
 
 from replay_pipeline.buffer import RolloutStore
 from tests.conftest import ROOT, TEST_THREADS
+from tests.servers import prefect_env
 
 MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.intermediate_size=64",
          "model.warmstart.target_accuracy=0.0", "model.warmstart.eval_every=10", f"model.torch_threads={TEST_THREADS}",
@@ -21,7 +22,7 @@ MODEL = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "mod
 
 
 def train(root, *args):
-    env = {**os.environ, "PREFECT_HOME": str(root / ".prefect")}
+    env = {**os.environ, **prefect_env(root / ".prefect")}  # a root's runs share a server (tests/servers.py)
     return subprocess.run([sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
 

@@ -26,6 +26,7 @@ from replay_pipeline.run.workers import generator_worker
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
 from tests.conftest import ROOT, TINY_OVERRIDES
+from tests.servers import prefect_env
 
 distributed = pytest.importorskip("distributed", reason="loop.engine=dask needs pip install 'dask[distributed]'")
 
@@ -49,8 +50,9 @@ def command(root: Path, run_id: str, steps: int, *extra: str) -> list[str]:
 
 def start(root: Path, run_id: str, steps: int, *extra: str) -> subprocess.Popen:
     """The flow in its own session, so that everything it starts can be found (and, when a
-    test kills the learner, stopped) by the session id."""
-    env = {**os.environ, "PREFECT_HOME": str(root / ".prefect")}
+    test kills the learner, stopped) by the session id. The module's runs share a Prefect
+    server (tests/servers.py)."""
+    env = {**os.environ, **prefect_env(root / ".prefect")}
     return subprocess.Popen(command(root, run_id, steps, *extra), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

@@ -23,6 +23,7 @@ from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.checkpoints import checkpoint_step
 from replay_pipeline.faults import ENV
 from tests.conftest import ROOT, TINY_OVERRIDES
+from tests.servers import prefect_env
 
 
 STEPS = 7
@@ -41,13 +42,14 @@ def env_for(root: Path, crash: str | None = None) -> dict[str, str]:
     return env
 
 
-def train(root: Path, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
-    """Run the CLI in its own process group. After a SIGKILL, Prefect's ephemeral API server
-    (a child process) outlives the trainer, as it would for a user: the group is killed so
-    it does not linger, and output goes to files so no orphan holds a pipe open."""
+def train(root: Path, *extra: str, crash: str | None = None, own_server: bool = False) -> subprocess.CompletedProcess:
+    """Run the CLI in its own process group, on the root's shared Prefect server
+    (tests/servers.py) unless `own_server`. Whatever the killed trainer started is killed with
+    its group, and output goes to files so no orphan holds a pipe open."""
     out, err = root / "stdout.txt", root / "stderr.txt"
+    env = env_for(root, crash) | ({} if own_server else prefect_env(root / ".prefect"))
     with out.open("w") as fo, err.open("w") as fe:
-        proc = subprocess.Popen(command(root, *extra), cwd=ROOT, env=env_for(root, crash), stdout=fo,
+        proc = subprocess.Popen(command(root, *extra), cwd=ROOT, env=env, stdout=fo,
                                 stderr=fe, text=True, start_new_session=True)
         try:
             code = proc.wait(timeout=600)
@@ -180,7 +182,7 @@ def test_sigterm_marks_mlflow_killed_and_prefect_crashed(tmp_path):
     assert stored % PER_STEP == 0 and stored >= 2 * PER_STEP, stored
     # And the run resumes from where it was stopped: steps 0-3, plus any later step the
     # stopped run had already stored (kept as buffer data, never duplicated).
-    done = train(root, "resume=term", "loop.steps=4")
+    done = train(root, "resume=term", "loop.steps=4", own_server=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     table = RolloutStore.open(root / "lancedb", "term")
     assert table.count() == max(stored, 4 * PER_STEP)

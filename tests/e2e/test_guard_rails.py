@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
+from tests.servers import prefect_env
 
 _spec = importlib.util.spec_from_file_location("faults_table", ROOT / "infra" / "faults.py")
 faults_table = importlib.util.module_from_spec(_spec)
@@ -28,16 +29,24 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(root):
-    code, out, _ = faults_table.train(root, root / "cache", [*faults_table.RUN, "run_id=unstopped"])
+def shared(root):
+    """The environment of the runs that share one Prefect server (tests/servers.py); the stops
+    whose point is the temporary server's behaviour (a Ctrl-C in a task, a SIGTERM between
+    tasks, a kill) keep their own."""
+    return prefect_env(root / ".prefect")
+
+
+@pytest.fixture(scope="module")
+def reference(root, shared):
+    code, out, _ = faults_table.train(root, root / "cache", [*faults_table.RUN, "run_id=unstopped"], shared)
     assert code == 0, out[-3000:]
     return faults_table.fingerprint(root, "unstopped")
 
 
-def test_a_second_driver_on_a_live_run_is_refused_and_the_first_ends_as_if_alone(root, reference):
+def test_a_second_driver_on_a_live_run_is_refused_and_the_first_ends_as_if_alone(root, reference, shared):
     first = subprocess.Popen([sys.executable, "-m", "flows.train", f"tracking.root_dir={root}",
                               *faults_table.RUN, "run_id=raced"], cwd=ROOT,
-                             env=faults_table._env(root, root / "cache", {}), stdout=subprocess.DEVNULL,
+                             env=faults_table._env(root, root / "cache", shared), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 300
@@ -48,7 +57,7 @@ def test_a_second_driver_on_a_live_run_is_refused_and_the_first_ends_as_if_alone
         # holds its lease, and must go on exactly as if nobody had come.
         first.send_signal(signal.SIGSTOP)
         listed = subprocess.run([sys.executable, "-m", "flows.query", "runs", "--root", str(root)], cwd=ROOT,
-                                env={**faults_table._env(root, root / "cache", {}), "COLUMNS": "80"},
+                                env={**faults_table._env(root, root / "cache", shared), "COLUMNS": "80"},
                                 capture_output=True, text=True, timeout=120)
         row = next(line for line in listed.stdout.splitlines() if line.startswith("raced "))
         cells = row.split()
@@ -57,7 +66,7 @@ def test_a_second_driver_on_a_live_run_is_refused_and_the_first_ends_as_if_alone
         for second in (["resume=raced"], [*faults_table.RUN, "run_id=raced"]):  # resume, or the same id anew
             started = time.time()
             done = subprocess.run([sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", *second],
-                                  cwd=ROOT, env=faults_table._env(root, root / "cache", {}), capture_output=True,
+                                  cwd=ROOT, env=faults_table._env(root, root / "cache", shared), capture_output=True,
                                   text=True, timeout=120)
             assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
             assert f"being driven by another process: PID {first.pid}" in done.stderr
@@ -71,16 +80,22 @@ def test_a_second_driver_on_a_live_run_is_refused_and_the_first_ends_as_if_alone
     assert compared == {"lost": 0, "duplicated": 0, "identical": True}
 
 
-@pytest.mark.parametrize("point, signame", [
-    ("generate", "SIGINT"),          # inside a Prefect task (a round)
-    ("between_tasks", "SIGTERM"),    # between Prefect tasks
-    ("evaluate", "SIGINT"),          # in an evaluation
-    ("warm_start", "SIGTERM"),       # in the warm start, before the run's first round
-    ("checkpoint_write", "SIGINT"),  # while a checkpoint is written
-    ("warm_start", "SIGKILL"),       # killed before the first checkpoint: resumes from step 0
-])
-def test_a_stop_at_each_kind_of_point_behaves_and_resumes_bit_for_bit(root, reference, point, signame):
-    case = faults_table.one_case(root, root / "cache", point, signame, reference)
+STOPS = [  # point, signal, whether the run has its own Prefect server
+    ("generate", "SIGINT", True),            # inside a Prefect task (a round)
+    ("between_tasks", "SIGTERM", True),      # between Prefect tasks
+    ("evaluate", "SIGINT", False),           # in an evaluation
+    ("warm_start", "SIGTERM", False),        # in the warm start, before the run's first round
+    ("checkpoint_write", "SIGINT", False),   # while a checkpoint is written
+    ("warm_start", "SIGKILL", True),         # killed before the first checkpoint: resumes from step 0
+]
+
+
+@pytest.mark.parametrize("point, signame, own_server", STOPS, ids=[f"{p}-{s}" for p, s, _ in STOPS])
+def test_a_stop_at_each_kind_of_point_behaves_and_resumes_bit_for_bit(root, reference, shared, point, signame,
+                                                                      own_server):
+    # own_server: the run starts its temporary Prefect server, as a user's does, so that a
+    # Ctrl-C, a SIGTERM and a kill show what they do to it (left_behind); the others share one.
+    case = faults_table.one_case(root, root / "cache", point, signame, reference, None if own_server else shared)
     assert case["resume_exit_code"] == 0, case
     assert (case["lost"], case["duplicated"], case["identical"]) == (0, 0, True), case
     assert case["left_behind"] == [], case  # no Prefect server or generator outlives the trainer

@@ -23,14 +23,17 @@ from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.runs import RunPaths
 from tests.conftest import ROOT, TINY_OVERRIDES
+from tests.servers import prefect_env
 
 
 STEPS = 3
 ROLLOUTS_PER_STEP = 16  # 4 prompts x 4 completions (TINY_OVERRIDES)
 
 
-def run_cli(root: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PREFECT_HOME": str(root / ".prefect")}
+def run_cli(root: Path, *extra: str, shared: bool = False) -> subprocess.CompletedProcess:
+    """`flows.train` on its temporary Prefect server, as a user runs it, or with `shared` on
+    the root's shared one (tests/servers.py)."""
+    env = {**os.environ, **(prefect_env(root / ".prefect") if shared else {"PREFECT_HOME": str(root / ".prefect")})}
     cmd = [sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", *TINY_OVERRIDES,
            f"loop.steps={STEPS}", "loop.eval_every=1", "loop.checkpoint_every=2",
            "loop.keep_checkpoints=1", *extra]
@@ -185,7 +188,7 @@ def test_weights_changed_and_checkpoints_are_kept(finished_run):
 
 def test_no_buffer_baseline_and_bad_config_in_the_same_root(finished_run):
     root, _ = finished_run
-    proc = run_cli(root, "run_id=e2e-baseline", "buffer=none")
+    proc = run_cli(root, "run_id=e2e-baseline", "buffer=none", shared=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     store = RolloutStore.open(root / "lancedb", "e2e-baseline")
     assert store.count() == STEPS * ROLLOUTS_PER_STEP
@@ -196,7 +199,7 @@ def test_no_buffer_baseline_and_bad_config_in_the_same_root(finished_run):
     assert run.data.metrics["buffer/unique_frac"] == 1.0  # each fresh rollout used once
     assert run.data.metrics["buffer/staleness_max"] == 0.0
     # the same run id again must not touch the stored rows
-    again = run_cli(root, "run_id=e2e-baseline", "buffer=none")
+    again = run_cli(root, "run_id=e2e-baseline", "buffer=none", shared=True)
     assert again.returncode != 0
     assert "exists" in (again.stdout + again.stderr)
     assert RolloutStore.open(root / "lancedb", "e2e-baseline").count() == STEPS * ROLLOUTS_PER_STEP

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TINY_OVERRIDES
+from tests.servers import prefect_env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium: apt-get install chromium (.ci/run does)")
@@ -47,7 +48,7 @@ def links(dom: str, pattern: str) -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("viewer")
-    env = {**os.environ, "PREFECT_HOME": str(root / ".prefect")}
+    env = {**os.environ, **prefect_env(root / ".prefect")}  # the two runs share a server (tests/servers.py)
     for run_id in ("seen", "other"):
         done = subprocess.run([sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", *TINY_OVERRIDES,
                                f"run_id={run_id}", "loop.steps=4", "loop.checkpoint_every=2", "loop.eval_every=2",
