@@ -35,14 +35,16 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":  # answer --help and configuration errors before Prefect and torch load
-    if not {"-h", "--help", "--cfg"} & set(sys.argv[1:]):
-        # Prefect's temporary server boots (about 3 s of CPU) on the other core while this process
+    from flows.usage import answer_early as _answer_early, names_a_live_run as _names_a_live_run
+
+    if not {"-h", "--help", "--cfg"} & set(sys.argv[1:]) and not _names_a_live_run(sys.argv[1:]):
+        # Prefect's temporary server boots (5-9 s of CPU) on the other core while this process
         # checks the configuration (its validation loads torch, transformers and lancedb: ~5 s)
-        # and builds the run. A command line that is then refused stops it again at exit.
+        # and builds the run. A command line that is then refused stops it again at exit; one
+        # that names a live run of another process is refused for sure, and boots none.
         from flows.prefect_server import launch as _launch_server
 
         _launch_server()
-    from flows.usage import answer_early as _answer_early
 
     _code = _answer_early(sys.argv[1:])
     if _code is not None:

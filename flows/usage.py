@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 #: The keys people change most, shown by --help (every key: --cfg, replay_pipeline/config/schema.py).
@@ -101,6 +102,22 @@ def early_config(argv: list[str]) -> Any | None:
     if _resolved is None or _resolved[0] != list(argv):
         return None
     return copy.deepcopy(_resolved[1])
+
+
+def names_a_live_run(argv: list[str]) -> bool:
+    """Whether the command line continues (`resume=ID`) or reuses (`run_id=ID`) a run that
+    another live process drives (its lease, replay_pipeline/lease.py), read from the command
+    line alone, before anything loads: such a command is refused once its configuration is
+    checked, so flows/train.py then does not boot a Prefect server for it (5-9 s of CPU beside
+    the live run). `resume=last` and anything unclear say False: the server then boots as usual."""
+    from flows import _root_dir_from_argv  # start-up cost: none, stdlib only
+    from replay_pipeline.lease import holder
+
+    for arg in argv:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if sep and key in ("resume", "run_id") and value not in ("", "last", "null", "None") and "/" not in value:
+            return holder(Path(_root_dir_from_argv(argv)).expanduser() / value) is not None
+    return False
 
 
 def answer_early(argv: list[str]) -> int | None:

@@ -96,3 +96,20 @@ def test_the_heartbeat_keeps_the_lease_fresh(tmp_path, monkeypatch):
         assert lease.read_lease(tmp_path / "run")["heartbeat"] > first
     finally:
         mine.release()
+
+
+def test_a_command_line_naming_a_live_run_is_known_before_anything_loads(tmp_path):
+    """flows/train.py boots no Prefect server for a command another process's lease refuses."""
+    from flows.usage import names_a_live_run
+
+    root = f"tracking.root_dir={tmp_path}"
+    proc = hold(tmp_path / "live")
+    try:
+        assert names_a_live_run([root, "resume=live"]) and names_a_live_run(["run_id=live", f"++{root}"])
+        assert not names_a_live_run([root, "resume=other"])  # no such run
+        assert not names_a_live_run([root, "resume=last"])  # decided later, with the runs listed
+        assert not names_a_live_run(["resume=live"])  # another root (./runs)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not names_a_live_run([root, "resume=live"])  # its holder is gone
