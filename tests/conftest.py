@@ -1,5 +1,6 @@
 """Shared test set-up: Prefect's ephemeral state in a throw-away home, one warm-start cache for
-the whole test run, the tier markers, small configs.
+the whole test run, the tier markers, small configs, and the end of each module's shared
+Prefect servers (tests/servers.py).
 
 Tiers, one folder each, marked from the folder (never by hand): `unit` (pure functions, no
 I/O beyond tmp files), `integration` (real LanceDB tables, MLflow stores, Prefect flow runs),
@@ -66,7 +67,6 @@ def pytest_collection_modifyitems(config, items):
     (the workers take files in this order: pyproject's addopts turn off pytest-xdist's own
     reordering, which put the files with the most tests first, the unit tier's, and left the
     few-test e2e files, the longest, to the end, where one worker ran on alone)."""
-
     for item in items:
         if tier := _tier(item):
             item.add_marker(getattr(pytest.mark, tier))
