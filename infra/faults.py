@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from replay_pipeline.config.tiny import tiny_overrides  # noqa: E402
 from replay_pipeline.faults import ENV, SIGNAL_ENV, SIGNAL_LOG_ENV  # noqa: E402
 from replay_pipeline.run.lineage import run_status  # noqa: E402
+from replay_pipeline.runs import CACHE_ENV  # noqa: E402
 
 TINY = tiny_overrides(1)
 STEPS = 20
@@ -50,7 +51,7 @@ SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 def _env(root: Path, cache: Path, extra: dict[str, str]) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "REPLAY_PIPELINE_CACHE_DIR": str(cache)}
+           CACHE_ENV: str(cache)}
     for key in (ENV, SIGNAL_ENV, SIGNAL_LOG_ENV):
         env.pop(key, None)
     return env | extra

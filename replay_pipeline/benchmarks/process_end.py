@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from replay_pipeline.config.tiny import tiny_overrides
+from replay_pipeline.runs import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [*tiny_overrides(1), "loop.eval_every=0", "loop.passk_every=0"]
@@ -38,7 +39,7 @@ def measure(root: Path, args: list[str], usual_end: bool) -> dict[str, float]:
     """One `flows.train` process: wall, CPU and last-line-to-end seconds."""
     head = [sys.executable, "-c", USUAL_END] if usual_end else [sys.executable, "-m", "flows.train"]
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "REPLAY_PIPELINE_CACHE_DIR": str(root / "cache")}
+           CACHE_ENV: str(root / "cache")}
     env.pop("PREFECT_API_URL", None)
     started = time.perf_counter()
     proc = subprocess.Popen([*head, f"tracking.root_dir={root}", *args], cwd=ROOT, env=env,
@@ -48,7 +49,8 @@ def measure(root: Path, args: list[str], usual_end: bool) -> dict[str, float]:
         tail = [*tail[-20:], line]
         if line.startswith("total time"):
             last_line_at = time.perf_counter()
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc.stdout.close()
+    _, status, usage = os.wait4(proc.pid, 0)  # reaped here (for its rusage), not by Popen
     ended = time.perf_counter()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0 or last_line_at is None:

@@ -78,7 +78,11 @@ def test_a_second_driver_on_a_live_run_is_refused_and_the_first_ends_as_if_alone
                     with contextlib.suppress(psutil.Error):
                         children |= {" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)}
                     time.sleep(0.05)
-                code = proc.wait(timeout=5)
+                try:
+                    code = proc.wait(timeout=5)
+                finally:  # past its 120 s: not left running beside the next case
+                    if proc.poll() is None:
+                        proc.kill()
                 out.seek(0), err.seek(0)
                 stdout, stderr = out.read(), err.read()
             assert code == 2, stdout[-2000:] + stderr[-2000:]
