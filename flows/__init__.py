@@ -2,7 +2,8 @@
 
 Prefect reads its settings when it is first imported, so this package sets the embedded
 defaults before any flow module imports it: Prefect's ephemeral state lives under the
-run root (`<tracking.root_dir>/.prefect`), analytics are off, and the temporary server's
+run root (`<tracking.root_dir>/.prefect`), Prefect's analytics and MLflow's usage telemetry
+(a thread of its own in every process that loads MLflow) are off, and the temporary server's
 own shutdown chatter is silenced. Anything already set in the environment wins, so the
 same flows run against a real Prefect server when PREFECT_API_URL is set.
 
@@ -38,6 +39,7 @@ def prepare_environment(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no usage reports from a training run
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -35,6 +35,9 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":  # answer --help and configuration errors before Prefect and torch load
+    from replay_pipeline.heap import defer_full_collections
+
+    defer_full_collections()  # no full collection walks the heap while the libraries load (heap.py)
     from flows.usage import answer_early as _answer_early, names_a_live_run as _names_a_live_run
 
     if not {"-h", "--help", "--cfg"} & set(sys.argv[1:]) and not _names_a_live_run(sys.argv[1:]):

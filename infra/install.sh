@@ -8,10 +8,17 @@
 # Two steps. pip installs torch (the pinned CPU build, from wherever pip is configured to find
 # it) and uv; uv then installs the other ~220 pins, with torch already in place. The result is the
 # same environment as `pip install -c infra/constraints-cpu.txt -e '.[dev]'` (the same versions:
-# tests/unit/test_infra.py checks it in CI), in about 1 min instead of 4 here, because uv resolves,
-# downloads and unpacks in parallel and compiles a module's bytecode on its first import instead
-# of every file's at install time (measured 2026-12-03, 2-core machine, pip's and uv's caches
+# tests/unit/test_infra.py checks it in CI), in under 1 min instead of 4 here, because uv resolves,
+# downloads and unpacks in parallel (measured 2026-12-03, 2-core machine, pip's and uv's caches
 # warm: pip 4 min 9 s; pip for torch and uv 47 s, then uv 14 s).
+#
+# Bytecode is compiled here, at install time (uv's --compile-bytecode, then the project's own
+# modules): uv's default leaves it to each module's first import, and where the environment
+# sets PYTHONDONTWRITEBYTECODE=1 (this machine kind does) no import ever writes it, so every
+# process compiled mlflow, sqlalchemy, prefect, transformers, lancedb... from source again:
+# 8 s of a 16-s start-up (py-spy: SourceLoader.source_to_code). Measured 2026-12-04: the
+# start-up to the first round 7.6-8.3 s against 17.7-18.4 s without bytecode (README,
+# "Start-up"); the install takes about 25 s longer.
 set -eu
 cd "$(dirname "$0")/.."
 UV_VERSION=0.13.9
@@ -23,4 +30,7 @@ python -m pip install -q "$torch" "uv==$UV_VERSION"
 # needs to be told that the system's is meant.
 set -- --python "$(python -c 'import sys; print(sys.executable)')"
 python -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || set -- "$@" --system
-python -m uv pip install -q "$@" -c infra/constraints-cpu.txt -e ".$extra"
+python -m uv pip install -q --compile-bytecode "$@" -c infra/constraints-cpu.txt -e ".$extra"
+# the editable project is imported from the checkout: its modules compiled there (__pycache__/,
+# ignored by git; a module edited later is compiled in memory again, as before)
+python -m compileall -q flows replay_pipeline > /dev/null

@@ -51,16 +51,22 @@ class Accounting:
     _loop_base: dict[str, float] = field(default_factory=dict, repr=False)
     """Ledger totals when this process's rounds began (the overhead figure counts from them)."""
 
-    def start_loop(self) -> None:
+    frozen_objects: int = 0
+    """Objects frozen at the first round (replay_pipeline/heap.py; 0 where none were)."""
+
+    def start_loop(self, frozen_objects: int = 0) -> None:
+        self.frozen_objects = frozen_objects
         self.loop_started = time.perf_counter()
         self._loop_base = dict(self.ledger.totals)
         self.startup_seconds = time.time() - process_started() - self.start_eval_seconds
 
     def startup_metrics(self) -> dict[str, float]:
-        """`startup/seconds` and `startup/eval_seconds` (empty before `start_loop`)."""
+        """`startup/seconds`, `startup/eval_seconds` and, where the start-up heap was frozen,
+        `startup/frozen_objects` (empty before `start_loop`)."""
         if self.startup_seconds is None:
             return {}
-        return {"startup/seconds": self.startup_seconds, "startup/eval_seconds": self.start_eval_seconds}
+        frozen = {"startup/frozen_objects": float(self.frozen_objects)} if self.frozen_objects else {}
+        return {"startup/seconds": self.startup_seconds, "startup/eval_seconds": self.start_eval_seconds, **frozen}
 
     def fold_workers(self, totals: dict[str, float]) -> dict[str, float]:
         """Async loop: take the generators' new cumulative stats; returns what they added

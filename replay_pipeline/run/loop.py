@@ -26,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterator
 
 from replay_pipeline import faults, stopping
+from replay_pipeline.heap import freeze_startup_heap
 from replay_pipeline.run.engines import dask_client
 from replay_pipeline.run.files import Heartbeat
 from replay_pipeline.run.phases import TrainingRun
@@ -117,7 +118,8 @@ def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None
     evaluate = evaluate or run.evaluate
     checkpoint = checkpoint or run.checkpoint
     loop = run.settings.loop
-    run.accounting.start_loop()
+    # a command's libraries and the built run: never walked by the collector again (heap.py)
+    run.accounting.start_loop(frozen_objects=freeze_startup_heap())
     if run.start_step < loop.steps:
         run.log(run.start_step, run.accounting.startup_metrics())
     for first, last in segments(loop, run.start_step):

@@ -143,6 +143,10 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     (startup,) = client.get_metric_history(run.info.run_id, "startup/seconds")
     (start_eval,) = client.get_metric_history(run.info.run_id, "startup/eval_seconds")
     assert startup.step == start_eval.step == 0 and 0 < startup.value < 600 and start_eval.value > 0
+    # The command froze its start-up heap at the first round (replay_pipeline/heap.py): torch,
+    # transformers, Prefect, MLflow and LanceDB loaded are several hundred thousand objects.
+    (frozen,) = client.get_metric_history(run.info.run_id, "startup/frozen_objects")
+    assert frozen.step == 0 and frozen.value > 200_000
     history = client.get_metric_history(run.info.run_id, "learn/policy_version")
     assert sorted(m.value for m in history) == [1.0, 2.0, 3.0]
     evals = client.get_metric_history(run.info.run_id, "eval/accuracy")

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -264,3 +265,21 @@ def test_environment_is_exactly_the_pinned_one():
     wrong = {n: (installed[n], v) for n, v in pins.items() if n in installed and installed[n] != v}
     assert not wrong, f"installed (left) differs from the pin (right): {wrong}"
     assert not set(pins) - set(installed), f"pinned but not installed: {sorted(set(pins) - set(installed))}"
+
+
+@pytest.mark.skipif(os.environ.get("RP_CI_PINNED") != "1",
+                    reason="checks the environment infra/install.sh made: set by .ci/run's pinned mode")
+def test_the_install_compiled_the_bytecode_of_what_every_command_imports():
+    """infra/install.sh compiles bytecode at install time: where PYTHONDONTWRITEBYTECODE=1 is set
+    no import writes it, and every process would compile these sources again (8 s of a 16-s
+    start-up). Each module's cached bytecode exists and is not older than its source."""
+    import importlib.util
+
+    stale = []
+    for name in ("mlflow", "sqlalchemy", "prefect", "transformers", "lancedb", "torch", "hydra",
+                 "replay_pipeline.run.phases", "flows.train"):
+        source = importlib.util.find_spec(name).origin
+        cached = Path(importlib.util.cache_from_source(source))
+        if not cached.exists() or cached.stat().st_mtime < Path(source).stat().st_mtime:
+            stale.append(f"{name} ({cached})")
+    assert not stale, f"no current bytecode for {stale}: install with `sh infra/install.sh dev`"
