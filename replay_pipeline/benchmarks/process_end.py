@@ -6,11 +6,15 @@ garbage collection (replay_pipeline/process_exit.py), interleaved.
 
 Each measurement is a fresh `flows.train` process on the tests' tiny model (one torch thread,
 its warm start cached by a first, unmeasured run in REPLAY_PIPELINE_CACHE_DIR if set, else in
-the benchmark's root), a new run id each time. The control arm is the same command with `gc.freeze` taken off the exit handlers
-(`atexit.unregister`), i.e. the interpreter's usual end. Figures per arm, medians over the
-repeats: the process's wall seconds, its CPU seconds (user + system, from wait4), and the
-seconds from the run's last line (`total time ...`) to the process's end. Run it with nothing
-else on the machine.
+the benchmark's root), a new run id each time. The control arm is the same command with
+`gc.freeze` taken off the exit handlers (`atexit.unregister`), i.e. the interpreter's usual end.
+Figures per arm, medians over the repeats: the process's wall seconds, its CPU seconds (user +
+system, from wait4), and the seconds from the run's last line (`total time ...`) to the
+process's end. Run it with nothing else on the machine.
+
+`measure` (one measured `flows.train` process, also the start-up it printed, to 0.1 s) and
+`table` (the arms' medians [min-max]) are the start-up benchmark's too
+(replay_pipeline/benchmarks/startup.py).
 """
 
 from __future__ import annotations

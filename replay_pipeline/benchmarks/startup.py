@@ -18,8 +18,8 @@ step-0 one, which the start-up figure leaves out):
 
 The first, unmeasured run builds or finds the warm start in `--root`'s cache (the default
 model's takes minutes when it is new). Per arm, medians [min-max] over the repeats: start-up to
-the first round (as the run prints it: process creation to the first round, the step-0
-evaluation left out), the process's wall and CPU seconds. Run it with nothing else on the machine.
+the first round (as the run prints it, to 0.1 s: process creation to the first round, the
+step-0 evaluation left out), the process's wall and CPU seconds. Run it with nothing else on the machine.
 """
 
 from __future__ import annotations
