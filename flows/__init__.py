@@ -20,7 +20,9 @@ from pathlib import Path
 from replay_pipeline.process_exit import skip_final_collection
 
 
-def _root_dir_from_argv(argv: list[str]) -> str:
+def root_dir_from_argv(argv: list[str]) -> str:
+    """The run root a command line names (`tracking.root_dir=`), else REPLAY_PIPELINE_ROOT, else
+    "runs": read before anything composes the configuration."""
     for arg in argv:
         for prefix in ("tracking.root_dir=", "++tracking.root_dir="):
             if arg.startswith(prefix):
@@ -29,7 +31,7 @@ def _root_dir_from_argv(argv: list[str]) -> str:
 
 
 def prepare_environment(argv: list[str] | None = None) -> None:
-    root = Path(_root_dir_from_argv(sys.argv[1:] if argv is None else argv)).expanduser().resolve()
+    root = Path(root_dir_from_argv(sys.argv[1:] if argv is None else argv)).expanduser().resolve()
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
     try:  # Prefect only warns when it cannot create its home, then times out starting
         Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)

@@ -110,13 +110,13 @@ def names_a_live_run(argv: list[str]) -> bool:
     line alone, before anything loads: such a command is refused once its configuration is
     checked, so flows/train.py then does not boot a Prefect server for it (5-9 s of CPU beside
     the live run). `resume=last` and anything unclear say False: the server then boots as usual."""
-    from flows import _root_dir_from_argv  # start-up cost: none, stdlib only
+    from flows import root_dir_from_argv  # start-up cost: none, stdlib only
     from replay_pipeline.lease import holder
 
     for arg in argv:
         key, sep, value = arg.lstrip("+").partition("=")
         if sep and key in ("resume", "run_id") and value not in ("", "last", "null", "None") and "/" not in value:
-            return holder(Path(_root_dir_from_argv(argv)).expanduser() / value) is not None
+            return holder(Path(root_dir_from_argv(argv)).expanduser() / value) is not None
     return False
 
 

@@ -35,19 +35,25 @@ from replay_pipeline.runs import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [*tiny_overrides(1), "loop.eval_every=0", "loop.passk_every=0"]
+
+
+def train_command(prelude: str) -> str:
+    """A `python -c` script that runs `prelude`, then `python -m flows.train` with its arguments."""
+    return (f"import runpy, sys\n{prelude}\n"
+            "sys.argv = ['flows.train', *sys.argv[1:]]\nrunpy.run_module('flows.train', run_name='__main__')\n")
+
+
 #: The control arm: the command with the interpreter's usual end.
-USUAL_END = ("import atexit, gc, runpy, sys\nimport flows\natexit.unregister(gc.freeze)\n"
-             "sys.argv = ['flows.train', *sys.argv[1:]]\nrunpy.run_module('flows.train', run_name='__main__')\n")
+USUAL_END = train_command("import atexit, gc\nimport flows\natexit.unregister(gc.freeze)")
 
 
 STARTUP = re.compile(r"\(start-up to the first round ([0-9.]+) s\)")
 
 
-def measure(root: Path, args: list[str], usual_end: bool = False, script: str | None = None,
+def measure(root: Path, args: list[str], script: str | None = None,
             env_extra: dict[str, str] | None = None) -> dict[str, float]:
-    """One `flows.train` process (or `python -c script` that runs it): wall, CPU,
-    last-line-to-end seconds and the start-up to the first round the run printed."""
-    script = USUAL_END if usual_end else script
+    """One `flows.train` process (or `python -c script` that runs it, `train_command`): wall,
+    CPU, last-line-to-end seconds and the start-up to the first round the run printed."""
     head = [sys.executable, "-c", script] if script else [sys.executable, "-m", "flows.train"]
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            CACHE_ENV: os.environ.get(CACHE_ENV) or str(root / "cache"), **(env_extra or {})}
@@ -97,11 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats and --steps must be at least 1")
     root = (args.root or Path(tempfile.mkdtemp(prefix="rp-process-end-"))).resolve()
     run = [*TINY, f"loop.steps={args.steps}"]
-    measure(root, [*run, "run_id=warm-up"], usual_end=False)  # caches the warm start
+    measure(root, [*run, "run_id=warm-up"])  # caches the warm start
     arms: dict[str, list[dict[str, float]]] = {"skipped final collection": [], "usual end": []}
     for i in range(args.repeats):
         for name in arms:
-            arms[name].append(measure(root, [*run, f"run_id=r{i}-{name.split()[0]}"], name == "usual end"))
+            arms[name].append(measure(root, [*run, f"run_id=r{i}-{name.split()[0]}"],
+                                      script=USUAL_END if name == "usual end" else None))
     print(f"{args.repeats} interleaved pairs of a {args.steps}-step tiny run, medians [min-max]; runs under {root}")
     lines, summary = table(arms, {"wall_s": "wall s", "cpu_s": "CPU s", "end_s": "last line to end s"})
     print("\n".join(lines))

@@ -19,7 +19,8 @@ step-0 one, which the start-up figure leaves out):
 The first, unmeasured run builds or finds the warm start in `--root`'s cache (the default
 model's takes minutes when it is new). Per arm, medians [min-max] over the repeats: start-up to
 the first round (as the run prints it, to 0.1 s: process creation to the first round, the
-step-0 evaluation left out), the process's wall and CPU seconds. Run it with nothing else on the machine.
+step-0 evaluation left out), the process's wall and CPU seconds. Run it with nothing else on
+the machine.
 """
 
 from __future__ import annotations
@@ -31,13 +32,12 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from replay_pipeline.benchmarks.process_end import measure, table
+from replay_pipeline.benchmarks.process_end import measure, table, train_command
 
 RUN = ["experiment=no_buffer", "loop.eval_every=0", "loop.passk_every=0", "loop.checkpoint_every=0",
-       "tracking.progress=false", "tracking.log_model=false"]
+       "tracking.progress=false", "tracking.log_model=false", "tracking.experiment=startup-benchmark"]
 #: The control arm with the interpreter's full collections during start-up.
-FULL_COLLECTIONS = ("import runpy, sys\nfrom replay_pipeline import heap\nheap.defer_full_collections = lambda: None\n"
-                    "sys.argv = ['flows.train', *sys.argv[1:]]\nrunpy.run_module('flows.train', run_name='__main__')\n")
+FULL_COLLECTIONS = train_command("from replay_pipeline import heap\nheap.defer_full_collections = lambda: None")
 ARMS = ("as installed", "no bytecode", "full collections")
 
 
@@ -53,19 +53,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats and --steps must be at least 1")
     root = args.root.resolve()
     run = [*RUN, f"loop.steps={args.steps}", *args.overrides]
-    empty = Path(tempfile.mkdtemp(prefix="rp-no-bytecode-"))
-    variants = {"as installed": {}, "no bytecode": {"env_extra": {"PYTHONPYCACHEPREFIX": str(empty),
-                                                                   "PYTHONDONTWRITEBYTECODE": "1"}},
-                "full collections": {"script": FULL_COLLECTIONS}}
     print(f"warm-up run under {root} (builds the warm start if the cache has none)", flush=True)
-    measure(root, [*run, "tracking.experiment=startup-benchmark", "run_id=startup-warm-up"])
+    measure(root, [*run, "run_id=startup-warm-up"])
     arms: dict[str, list[dict[str, float]]] = {name: [] for name in ARMS}
     stamp = uuid.uuid4().hex[:6]  # a fresh run id per measurement
-    for i in range(args.repeats):
-        for name in ARMS:
-            arms[name].append(measure(root, [*run, "tracking.experiment=startup-benchmark",
-                                             f"run_id=startup-{stamp}-{i}-{name.split()[0]}"], **variants[name]))
-            print(f"  round {i + 1} {name}: start-up {arms[name][-1]['startup_s']:.2f} s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="rp-no-bytecode-") as empty:
+        variants = {"as installed": {}, "no bytecode": {"env_extra": {"PYTHONPYCACHEPREFIX": empty,
+                                                                       "PYTHONDONTWRITEBYTECODE": "1"}},
+                    "full collections": {"script": FULL_COLLECTIONS}}
+        for i in range(args.repeats):
+            for name in ARMS:
+                arms[name].append(measure(root, [*run, f"run_id=startup-{stamp}-{i}-{name.split()[0]}"],
+                                          **variants[name]))
+                print(f"  round {i + 1} {name}: start-up {arms[name][-1]['startup_s']:.2f} s", flush=True)
     print(f"{args.repeats} interleaved rounds of a {args.steps}-step default run, medians [min-max]; runs under {root}")
     lines, summary = table(arms, {"startup_s": "start-up s", "wall_s": "wall s", "cpu_s": "CPU s"})
     print("\n".join(lines))
