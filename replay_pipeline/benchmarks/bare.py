@@ -64,6 +64,7 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
     eval_generator = TransformersGenerator.from_config(model, tokenizer, gen)  # its own copy of the weights
 
     step_seconds: list[float] = []
+    step_ended_at: list[float] = []  # epoch seconds (the clock peers.py's turns record pauses in)
     gen_seconds: list[float] = []
     train_seconds: list[float] = []
     tokens: list[int] = []
@@ -77,13 +78,16 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
             eval_generator.load_weights(model.state_dict(), done)
             scores = evaluate_greedy(eval_generator, task, heldout, seed=cfg.seed)
         acc = scores["eval/accuracy"]
+        seconds = time.perf_counter() - t0
         eval_tokens += scores["eval/greedy_tokens"]
-        eval_seconds += time.perf_counter() - t0
+        eval_seconds += seconds
         points.append({"step": done, "accuracy": acc, "gen_tokens": float(sum(tokens)),
-                       "seconds": sum(step_seconds), "gen_train_seconds": sum(gen_seconds) + sum(train_seconds)})
+                       "seconds": sum(step_seconds), "gen_train_seconds": sum(gen_seconds) + sum(train_seconds),
+                       "eval_seconds": seconds, "eval_tokens": scores["eval/greedy_tokens"], "ended_at": time.time()})
 
     evaluate(0)
-    startup = time.time() - process_started() - eval_seconds
+    startup_at = time.time()
+    startup = startup_at - process_started() - eval_seconds
     for step in range(steps):
         t0 = time.perf_counter()
         prompts, seed = step_prompts(task, cfg, step)
@@ -136,6 +140,7 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
         gen_seconds.append(t1 - t0)
         train_seconds.append(t2 - t1)
         step_seconds.append(t2 - t0)
+        step_ended_at.append(time.time())
         tokens.append(sum(len(c) for c in completions))
         done = step + 1
         if done == steps or (eval_every and done % eval_every == 0):
@@ -144,6 +149,7 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
         "name": "bare torch loop", "step_seconds": step_seconds, "gen_seconds": gen_seconds,
         "train_seconds": train_seconds, "gen_tokens": float(sum(tokens)), "evals": points,
         "eval_seconds": eval_seconds, "eval_tokens": eval_tokens, "startup_seconds": startup,
+        "startup_at": startup_at, "startup_eval_seconds": points[0]["eval_seconds"], "step_ended_at": step_ended_at,
         "torch_threads": torch.get_num_threads(),
         "wall_seconds": time.perf_counter() - start,
     }

@@ -18,13 +18,21 @@ How it runs:
    is resolved once here and passed to every side, so all sides run on the same thread count;
 2. the warm start is built or found in `<root>/cache` by a process of its own, not timed;
 3. repeats x sides processes, in blocks: ours trl bare, ours trl bare, ... (each side a fresh
-   process with the same seed, one at a time; their output goes to `<out>/logs/`);
+   process with the same seed; their output goes to `<out>/logs/`). Within a repeat the three
+   processes take **turns** of `--slice-seconds` (2 s; replay_pipeline/benchmarks/turns.py):
+   one runs while the other two are stopped (SIGSTOP on the whole process tree, our Prefect
+   server included), ours trl bare ours trl bare ... until each has ended, so every side's
+   steps are spread over the same minute and a slow spell of the machine falls on all of them.
+   `--interleave processes` runs one whole process after another instead (as before
+   2026-12-05: each side's ~6 s of steps sat 15-30 s away from the others', and this
+   machine's speed drifts by 10-15% over such spans);
 4. per side and repeat, the median seconds per learner step and the generation / training /
-   pipeline split (the medians of each part), start-up (process creation to the first step,
-   less the step-0 evaluation), evaluation cost; per side, the median of the repeats' figures
-   with their min and max; the ratios ours/trl and ours/bare taken within each repeat (a
-   repeat's medians, so a slow spell of the machine hits the sides of one block alike), with
-   their median, min and max.
+   pipeline split (the medians of each part) over the steps no pause touched (neither the step
+   nor the one before it, which resumes on caches the others evicted), start-up (process
+   creation to the first step, less the step-0 evaluation and the pauses), evaluation cost
+   (the evaluations no pause touched); per side, the median of the repeats' figures with their
+   min and max; the ratios ours/trl and ours/bare taken within each repeat, with their
+   median, min and max.
 
 Targets (issue 26): ours <= 1.0x TRL and <= 1.05x the bare loop (the within-repeat ratios);
 start-up to the first round under 10 s with a cached warm start (ours);
@@ -40,23 +48,36 @@ uses, with the summary as metrics; our side's flow runs are its children.
 
 Verdicts (`verdict`): a target is **met** when every repeat meets it (the largest
 within-repeat ratio, or start-up, is within the target), **missed** when no repeat does, and
-**unresolved** when the repeats straddle it. With 3 repeats, [min, max] covers the median of
-the repeats' distribution 75% of the time; a median that happens to fall on the right side of
-the target while the repeats disagree is not quoted as a result (a drifting machine gave
-ours/TRL 0.907 with repeats 0.815-1.435). More `--repeats` narrow the range's claim only if
-the machine holds still; `noise` says whether it did.
+**unresolved** when the repeats straddle it. [min, max] of n repeats covers the median of the
+repeats' distribution with probability 1 - 2 / 2^n: 75% with 3 repeats, 94% with 5 (the
+README's figures); a median that happens to fall on the right side of the target while the
+repeats disagree is not quoted as a result (a drifting machine gave ours/TRL 0.907 with repeats
+0.815-1.435). What spreads a repeat's ratio is mostly how few steps its medians rest on: single
+steps of the same code vary by 10-20% on this machine from one second to the next (the same
+side, even within a turn), so `--steps` narrows the repeats more than turns alone do.
 
-Noise (`noise`): per side and repeat, the spread of its steps' seconds, interquartile range over
-median (`step_noise`); the summary holds the median of those over every side and repeat and
-`quiet`, whether it is at most NOISE_QUIET (10%: a decision, not yet calibrated on a quiet
-machine; the steps of one process on the default run differ only by their evaluation-adjacent
-tails there). The drifting 2-core machine of 2026-12-02, whose steps of the same code swung
-between 380 and 740 ms within seconds, showed 17.6%; the report then says the figures are not
-for quoting.
+Noise (`noise`): whether the machine was quiet, and how much one step varies.
+- In turns, measured: the cores that processes other than the sides (and this one) kept busy
+  during the sides' turns (`other_cores`, from /proc/stat less the running side's process tree;
+  turns.py). `quiet` is at most QUIET_OTHER_CORES (0.1 of a core: a tenth of one of the two
+  torch threads' cores, a few per cent of a step). An idle machine reads 0.00-0.02; one other
+  CPU-bound process reads about 1.
+- Per side and repeat, the spread of its steps' seconds, interquartile range over median
+  (`step_noise`, the median over sides and repeats in the summary). With `--interleave
+  processes` it is the only reading and `quiet` is at most NOISE_QUIET (10%). It is not a
+  reading of the machine's load: an idle 2-core VM (load 0.0, no steal) showed 14-15% on
+  2026-12-05, the same code's steps varying from 135 to 230 ms, while another quiet one showed
+  8-9% on 2026-12-04; the drifting one of 2026-12-02 17.6%.
 
 Decisions:
 - Fresh processes rather than resets: a process carries allocator and thread-pool state and
   imported modules, and our side's start-up is only measurable in a new process.
+- Turns rather than one process after another (the default since 2026-12-05): the sides' own
+  clocks keep running while they are stopped, so each side stamps its steps and evaluations in
+  epoch seconds (`step_ended_at`, `startup_at`, each evaluation's `ended_at`; ours: MLflow's
+  timestamps of the round metrics, logged right after each round) and `apply_turns` drops or
+  corrects what a pause touched. Turns of 2 s hold about a dozen default steps; about two
+  steps a turn are dropped.
 - The order within a block stays ours, trl, bare (A B C A B C): with at least 3 repeats each
   side has neighbours on both sides in time; the per-repeat ratios show a drift if there is one.
 - Accuracy is deterministic per side under the seed; `accuracy_repeatable` says whether every
@@ -79,6 +100,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from replay_pipeline.benchmarks.sides import (EXPERIMENT, BenchmarkError, _prefect_home, _remove_if_empty,
                                               _version, check_inputs, ours_command, read_ours)
+from replay_pipeline.benchmarks.turns import CORES, Turned, kept_steps, overlap, take_turns
 
 RESULT_JSON = "peers.json"
 RESULT_PNG = "peers.png"
@@ -88,11 +110,18 @@ LABELS = {"ours": "ours (no_buffer)", "trl": "TRL GRPOTrainer", "bare": "bare to
 RATIO_TARGETS = {"trl": 1.0, "bare": 1.05}
 STARTUP_TARGET_S = 10.0
 #: The largest step-time spread within a repeat (interquartile range / median, the median over
-#: sides and repeats) at which the machine counts as quiet enough to quote the figures.
+#: sides and repeats) at which the machine counts as quiet enough to quote the figures, where
+#: the load beside the sides was not measured (--interleave processes).
 NOISE_QUIET = 0.10
+#: In turns: the most cores other processes may keep busy beside the sides for a quiet run.
+QUIET_OTHER_CORES = 0.1
 #: The per-repeat figures summarised for every side.
 FIGURES = ("step_s", "gen_s", "train_s", "other_s", "step_mean_s", "steps_total_s", "startup_s",
-           "eval_ms_per_token", "gen_ms_per_token", "process_s", "outside_s", "step_noise")
+           "eval_ms_per_token", "gen_ms_per_token", "process_s", "outside_s", "step_noise", "steps_kept")
+#: How the sides alternate: in turns of SLICE_SECONDS within each repeat (the default), or one
+#: whole process after another.
+INTERLEAVE = ("turns", "processes")
+SLICE_SECONDS = 2.0
 
 
 # ------------------------------------------------------------------ one side, one repeat
@@ -101,26 +130,68 @@ def repeat_figures(record: Mapping[str, Any]) -> dict[str, float | None]:
     parts (other = step - generation - training: the pipeline's own cost, 0 for TRL whose
     step is generation + training by construction), the mean and total, start-up, evaluation
     and generation cost per token, the process's wall seconds and the steps' spread
-    (interquartile range over median, 0 for fewer than two steps)."""
+    (interquartile range over median, 0 for fewer than two steps). In turns (`apply_turns`),
+    the medians, mean and spread are over the steps no pause touched (`step_kept`), the total
+    and the process's seconds are without the pauses."""
     steps, gen, train = record["step_seconds"], record["gen_seconds"], record["train_seconds"]
     if not steps or not (len(steps) == len(gen) == len(train)):
         raise ValueError(f"{record.get('name')}: {len(steps)} step, {len(gen)} generation and {len(train)} "
                          "training times: they must be as many, and at least one")
+    kept = record.get("step_kept") or [True] * len(steps)
+    if not any(kept):
+        raise ValueError(f"{record.get('name')}: every one of its {len(steps)} steps was cut by a pause: "
+                         "use longer --slice-seconds or more --steps")
+    total = sum(record.get("step_unpaused_seconds") or steps)
+    steps, gen, train = ([x for x, k in zip(xs, kept) if k] for xs in (steps, gen, train))
     other = [max(s - g - t, 0.0) for s, g, t in zip(steps, gen, train)]
-    tokens, eval_tokens = float(record["gen_tokens"]), float(record.get("eval_tokens") or 0.0)
+    tokens = float(record["gen_tokens"]) * len(steps) / len(kept)  # the kept steps' share
+    evals = [p for p in record["evals"] if p.get("clean", True)] if "step_kept" in record else []
+    eval_s, eval_tokens = ((sum(p["eval_seconds"] for p in evals), sum(p["eval_tokens"] for p in evals)) if evals
+                           else (record["eval_seconds"], float(record.get("eval_tokens") or 0.0)))
     return {
         "step_s": statistics.median(steps), "gen_s": statistics.median(gen), "train_s": statistics.median(train),
-        "other_s": statistics.median(other), "step_mean_s": statistics.fmean(steps), "steps_total_s": sum(steps),
+        "other_s": statistics.median(other), "step_mean_s": statistics.fmean(steps), "steps_total_s": total,
         "startup_s": record.get("startup_seconds"),
-        "eval_ms_per_token": 1000 * record["eval_seconds"] / eval_tokens if eval_tokens else None,
+        "eval_ms_per_token": 1000 * eval_s / eval_tokens if eval_tokens else None,
         "gen_ms_per_token": 1000 * sum(gen) / tokens if tokens else None,
         "process_s": record.get("process_seconds"),
         # what the process spent outside its learner steps and greedy evaluations: start-up, our
         # side's sampled evaluations (pass@1, pass@k: at the start and the end), shutting down
-        "outside_s": (record["process_seconds"] - sum(steps) - record["eval_seconds"]
+        "outside_s": (record["process_seconds"] - total - record["eval_seconds"]
                       if record.get("process_seconds") is not None else None),
         "step_noise": _relative_iqr(steps),
+        "steps_kept": float(len(steps)),
     }
+
+
+def apply_turns(record: dict[str, Any], turned: Turned) -> None:
+    """What a side's pauses (replay_pipeline/benchmarks/turns.py) did to its record, in place:
+    `step_kept` (no pause touched the step or the one before it), `step_unpaused_seconds`
+    (each step without the pauses inside it), start-up and evaluation seconds and the process's
+    wall without the pauses in their windows, and `clean` on each evaluation no pause touched
+    (with the time since the previous step: the flow's start and end evaluations log their
+    greedy seconds after the sampled ones). Needs the sides' epoch stamps (`step_ended_at`,
+    `startup_at`, `startup_eval_seconds`, each evaluation's `ended_at`)."""
+    pauses, ends, seconds = turned.pauses, record["step_ended_at"], record["step_seconds"]
+    if len(ends) != len(seconds):
+        raise ValueError(f"{record.get('name')}: {len(ends)} step end stamps for {len(seconds)} steps")
+    record["pauses"], record["turns"] = [list(p) for p in pauses], turned.turns
+    record["machine_cpu"], record["other_cpu"] = turned.machine_cpu, turned.other_cpu
+    record["step_kept"] = kept_steps(ends, seconds, pauses)
+    record["step_unpaused_seconds"] = [s - overlap(e - s, e, pauses) for e, s in zip(ends, seconds)]
+    at, eval0 = record["startup_at"], record.get("startup_eval_seconds") or 0.0
+    created = at - record["startup_seconds"] - eval0
+    # the pauses of the step-0 evaluation are in its seconds, which start-up already leaves out
+    record["startup_seconds_measured"] = record["startup_seconds"]  # as the side measured it
+    record["startup_seconds"] -= overlap(created, at, pauses) - overlap(at - eval0, at, pauses)
+    record["process_seconds"] = turned.seconds - turned.paused_seconds
+    for p in record["evals"]:
+        since = created if p["step"] == 0 else ends[p["step"] - 1]
+        p["clean"] = p.get("ended_at") is not None and overlap(since, p["ended_at"], pauses) == 0.0
+        p["seconds"] = sum(record["step_unpaused_seconds"][:p["step"]])
+        if p.get("ended_at") is not None and p.get("eval_seconds") is not None:
+            p["eval_seconds"] -= overlap(p["ended_at"] - p["eval_seconds"], p["ended_at"], pauses)
+    record["eval_seconds"] = sum(p["eval_seconds"] for p in record["evals"] if p.get("eval_seconds") is not None)
 
 
 def _relative_iqr(values: Sequence[float]) -> float:
@@ -181,7 +252,14 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
         out["startup"] = {"target_s": STARTUP_TARGET_S, "median_s": startup and startup["median"],
                           "verdict": judged, "met": judged == "met"}
     noise = statistics.median(f["step_noise"] for figures in per_repeat.values() for f in figures)
-    out["noise"] = {"step_noise_median": noise, "quiet_at_most": NOISE_QUIET, "quiet": noise <= NOISE_QUIET}
+    machine = sum(r.get("machine_cpu") or 0.0 for recs in records.values() for r in recs)
+    if machine:
+        other = sum(r.get("other_cpu") or 0.0 for recs in records.values() for r in recs) / machine * CORES
+        out["noise"] = {"step_noise_median": noise, "other_cores": other, "quiet_at_most": QUIET_OTHER_CORES,
+                        "quiet": other <= QUIET_OTHER_CORES, "measured": "other_cores"}
+    else:
+        out["noise"] = {"step_noise_median": noise, "quiet_at_most": NOISE_QUIET, "quiet": noise <= NOISE_QUIET,
+                        "measured": "step_noise"}
     out["evaluation"] = {side: {"eval_ms_per_token": s["eval_ms_per_token"] and s["eval_ms_per_token"]["median"],
                                 "gen_ms_per_token": s["gen_ms_per_token"] and s["gen_ms_per_token"]["median"]}
                          for side, s in out["sides"].items()}
@@ -260,7 +338,8 @@ def report(result: Mapping[str, Any]) -> str:
     s, summary = result["settings"], result["summary"]
     sides = [side for side in SIDES if side in summary["sides"]]
     lines = [
-        f"Peer benchmark, interleaved: {s['repeats']} repeats of {' '.join(sides)} (a fresh process each), "
+        f"Peer benchmark, interleaved: {s['repeats']} repeats of {' '.join(sides)} (a fresh process each; "
+        f"{s.get('order', 'blocks')}), "
         f"{s['steps']} learner steps a side, {s['prompts_per_step']} prompts x {s['group_size']} completions a "
         f"step, T={s['temperature']}, max_new_tokens={s['max_new_tokens']}, lr={s['lr']}, "
         f"{s['torch_threads']} torch threads, seed {s['seed']}",
@@ -278,6 +357,7 @@ def report(result: Mapping[str, Any]) -> str:
     row("  training", "train_s")
     row("  pipeline (the rest)", "other_s")
     row("ms / learner step, mean", "step_mean_s")
+    row("steps measured (no pause in them)", "steps_kept", 1.0, "{:.0f}")
     row("start-up to the first step, s", "startup_s", 1.0)
     row("process wall seconds", "process_s", 1.0, "{:.0f}")
     row("  outside steps and greedy evals, s", "outside_s", 1.0, "{:.0f}")
@@ -294,10 +374,18 @@ def report(result: Mapping[str, Any]) -> str:
                      "process seconds, not in its steps)")
     lines.append("")
     noise = summary["noise"]
-    lines.append(f"  machine noise: steps within a repeat spread {100 * noise['step_noise_median']:.1f}% "
-                 f"(interquartile range / median, median over sides and repeats): "
-                 + ("quiet" if noise["quiet"] else
-                    f"NOT QUIET (over {100 * noise['quiet_at_most']:.0f}%): these figures are not for quoting"))
+    if noise.get("measured") == "other_cores":
+        lines.append(f"  machine: other processes kept {noise['other_cores']:.2f} of {CORES} cores busy during the "
+                     "turns: " + (f"quiet (at most {noise['quiet_at_most']:.2f})" if noise["quiet"] else
+                                  f"NOT QUIET (over {noise['quiet_at_most']:.2f}): these figures are not for "
+                                  "quoting"))
+        lines.append(f"  steps within a repeat spread {100 * noise['step_noise_median']:.1f}% (interquartile range "
+                     "/ median, median over sides and repeats)")
+    else:
+        lines.append(f"  machine noise: steps within a repeat spread {100 * noise['step_noise_median']:.1f}% "
+                     f"(interquartile range / median, median over sides and repeats): "
+                     + ("quiet" if noise["quiet"] else
+                        f"NOT QUIET (over {100 * noise['quiet_at_most']:.0f}%): these figures are not for quoting"))
     for peer, r in summary["ratios"].items():
         each = ", ".join(f"{x:.3f}" for x in r["per_repeat"])
         lines.append(f"  ours / {peer}, seconds per step: {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}] "
@@ -357,8 +445,9 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
     axes[2].set_ylabel("ms per learner step (medians)")
     axes[2].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     s = result["settings"]
-    fig.suptitle(f"{s['repeats']} interleaved repeats, {s['steps']} steps, {s['prompts_per_step']}x{s['group_size']} "
-                 f"rollouts/step, {s['torch_threads']} threads")
+    turns = f" (sides in turns of {s['slice_seconds']:g} s)" if s.get("interleave") == "turns" else ""
+    fig.suptitle(f"{s['repeats']} interleaved repeats{turns}, {s['steps']} steps, {s['prompts_per_step']}x"
+                 f"{s['group_size']} rollouts/step, {s['torch_threads']} threads")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -367,8 +456,12 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
 # ------------------------------------------------------------------ the benchmark
 def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | None = None,
                   overrides: Sequence[str] = (), sides: Sequence[str] = SIDES, timeout: float = 3600.0,
-                  log: Callable[[str], Any] = print) -> dict[str, Any]:
+                  log: Callable[[str], Any] = print, interleave: str = "turns",
+                  slice_seconds: float = SLICE_SECONDS) -> dict[str, Any]:
     """Check, prepare, run the blocks and write the outputs; returns the result (also the JSON)."""
+    if interleave not in INTERLEAVE or slice_seconds <= 0:
+        raise BenchmarkError(f"interleave={interleave!r}, slice_seconds={slice_seconds}: one of {INTERLEAVE}, "
+                             "and a slice > 0 s")
     overrides = list(overrides)
     _prefect_home(root)
     cfg, eval_every = check_inputs(steps, root, eval_every, overrides, need_trl="trl" in sides)
@@ -399,7 +492,10 @@ def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | 
             "max_new_tokens": cfg.generator.max_new_tokens, "lr": cfg.algo.lr, "eps_low": cfg.algo.eps_low,
             "eps_high": cfg.algo.eps_high, "max_grad_norm": cfg.algo.max_grad_norm, "loss_agg": cfg.algo.loss_agg,
             "torch_threads": cfg.model.torch_threads, "heldout_prompts": cfg.task.heldout_size,
-            "overrides": overrides, "order": "blocks: " + " ".join(sides) + " per repeat",
+            "overrides": overrides, "interleave": interleave,
+            "slice_seconds": slice_seconds if interleave == "turns" else None,
+            "order": (f"each repeat: {' '.join(sides)} in turns of {slice_seconds:g} s" if interleave == "turns"
+                      else "blocks: " + " ".join(sides) + " per repeat, one whole process after another"),
             "versions": {p: _version(p) for p in ("trl", "transformers", "torch", "accelerate", "prefect", "mlflow",
                                                   "lancedb")},
         }
@@ -410,21 +506,29 @@ def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | 
                     out_dir / "logs" / "prepare.log", timeout)
         records: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
         for r in range(repeats):
+            jobs, outs, run_ids = [], {}, {}
             for side in sides:
                 name = f"repeat{r + 1}-{side}"
-                log(f"[peers] repeat {r + 1}/{repeats}: {side}")
-                out = out_dir / f"{name}.json"
+                outs[side] = out_dir / f"{name}.json"
                 if side == "ours":
-                    run_id = f"peers-{stamp}-r{r + 1}"
-                    seconds = run_process(ours_command(root, steps, eval_every, overrides, run_id, tracker.run_id),
-                                          out_dir / "logs" / f"{name}.log", timeout)
-                    record = read_ours(mlflow_uri, run_id, steps)
+                    run_ids[side] = f"peers-{stamp}-r{r + 1}"
+                    command = ours_command(root, steps, eval_every, overrides, run_ids[side], tracker.run_id)
                 else:
-                    seconds = run_process(worker_command(side, root, steps, eval_every, overrides, out),
-                                          out_dir / "logs" / f"{name}.log", timeout)
-                    record = json.loads(out.read_text())
-                record["process_seconds"] = seconds
+                    command = worker_command(side, root, steps, eval_every, overrides, outs[side])
+                jobs.append((side, command, out_dir / "logs" / f"{name}.log"))
+            if interleave == "turns":
+                log(f"[peers] repeat {r + 1}/{repeats}: {' '.join(sides)} in turns of {slice_seconds:g} s")
+                turned = take_turns(jobs, slice_seconds, timeout, log)
+            else:
+                turned = {}
+                for side, command, log_path in jobs:
+                    log(f"[peers] repeat {r + 1}/{repeats}: {side}")
+                    turned[side] = Turned(seconds=run_process(command, log_path, timeout), turns=1)
+            for side in sides:
+                record = (read_ours(mlflow_uri, run_ids[side], steps) if side == "ours"
+                          else json.loads(outs[side].read_text()))
                 record["repeat"] = r + 1
+                apply_turns(record, turned[side])
                 records[side].append(record)
                 figures = repeat_figures(record)
                 tracker.log_metrics({f"{side}/{k}": v for k, v in figures.items() if v is not None}, step=r + 1)
@@ -441,7 +545,9 @@ def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | 
             tracker.log_metrics({f"{side}/{k}_median": v["median"] for k, v in summary["sides"][side].items()
                                  if isinstance(v, dict) and "median" in v}, step=steps)
         tracker.log_metrics({f"ratio/ours_over_{peer}": r["median"] for peer, r in summary["ratios"].items()}
-                            | {"noise/step_noise_median": summary["noise"]["step_noise_median"]}, step=steps)
+                            | {"noise/step_noise_median": summary["noise"]["step_noise_median"]}
+                            | ({"noise/other_cores": summary["noise"]["other_cores"]}
+                               if "other_cores" in summary["noise"] else {}), step=steps)
         tracker.log_artifacts(out_dir)
         status = "FINISHED"
         return result
@@ -474,6 +580,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=None,
                         help="held-out evaluation every E steps, plus start and end (default steps // 10; "
                              "0: start and end only)")
+    parser.add_argument("--interleave", choices=INTERLEAVE, default="turns",
+                        help="turns (default): within each repeat the sides' processes take turns of "
+                             "--slice-seconds, the others stopped meanwhile; processes: one whole process after "
+                             "another")
+    parser.add_argument("--slice-seconds", type=float, default=SLICE_SECONDS,
+                        help=f"a turn's length with --interleave turns (default {SLICE_SECONDS:g})")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a side's process may take")
     parser.add_argument("--side", default=None, help=argparse.SUPPRESS)  # a worker process (run_worker)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
@@ -489,12 +601,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.repeats < 1:
             raise BenchmarkError(f"--repeats {args.repeats} must be >= 1 (3 or more to read a spread)")
+        if args.slice_seconds <= 0:
+            raise BenchmarkError(f"--slice-seconds {args.slice_seconds} must be > 0 (2 is the default)")
         check_inputs(args.steps, args.root, args.eval_every, args.overrides, need_trl="trl" in args.sides)
     except (BenchmarkError, ConfigError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result = run_benchmark(args.steps, args.repeats, args.root, args.eval_every, args.overrides, args.sides,
-                           args.timeout)
+                           args.timeout, interleave=args.interleave, slice_seconds=args.slice_seconds)
     print()
     print(report(result))
     return 0

@@ -228,6 +228,13 @@ def _history(client, run_id: str, key: str) -> dict[int, float]:
     return {int(m.step): float(m.value) for m in client.get_metric_history(run_id, key)}
 
 
+def _logged_at(client, run_id: str, key: str) -> dict[int, float]:
+    """When each step's value of `key` was logged, epoch seconds: MLflow keeps milliseconds,
+    truncated, so 1 ms is added (a later bound, never an earlier one). The flow logs a round's
+    metrics right after the round, an evaluation's right after it."""
+    return {int(m.step): m.timestamp / 1000 + 0.001 for m in client.get_metric_history(run_id, key)}
+
+
 def ours_command(root: str | Path, steps: int, eval_every: int, overrides: Sequence[str], run_id: str,
                  parent_run_id: str | None = None) -> list[str]:
     """Our side as a user runs it: `python -m flows.train` with the benchmark's overrides."""
@@ -258,6 +265,9 @@ def read_ours(mlflow_uri: str, run_id: str, steps: int) -> dict[str, Any]:
     eval_seconds = _history(client, rid, "eval/seconds")
     eval_tokens = _history(client, rid, "eval/greedy_tokens")
     startup = _history(client, rid, "startup/seconds")
+    startup_eval = _history(client, rid, "startup/eval_seconds")
+    round_ends, eval_ends = _logged_at(client, rid, "compute/round_seconds"), _logged_at(client, rid, "eval/accuracy")
+    startup_at = _logged_at(client, rid, "startup/seconds")
     missing = [s for s in range(steps) if s not in rounds or s not in learn or s not in gen]
     if missing:
         raise RuntimeError(f"the flow's MLflow run {rid} lacks round metrics for steps {missing[:5]}")
@@ -268,7 +278,9 @@ def read_ours(mlflow_uri: str, run_id: str, steps: int) -> dict[str, Any]:
         points.append({"step": done, "accuracy": acc,
                        "gen_tokens": tokens[before] if done else 0.0,
                        "seconds": rounds[before] if done else 0.0,
-                       "gen_train_seconds": gen_train[before] if done else 0.0})
+                       "gen_train_seconds": gen_train[before] if done else 0.0,
+                       "eval_seconds": eval_seconds.get(done), "eval_tokens": eval_tokens.get(done),
+                       "ended_at": eval_ends.get(done)})
     threads = run.data.params.get("model.torch_threads")
     return {
         "name": "ours (python -m flows.train experiment=no_buffer)",
@@ -277,6 +289,8 @@ def read_ours(mlflow_uri: str, run_id: str, steps: int) -> dict[str, Any]:
         "gen_tokens": tokens[steps - 1], "evals": points,
         "eval_seconds": sum(eval_seconds.values()), "eval_tokens": sum(eval_tokens.values()),
         "startup_seconds": startup.get(0), "torch_threads": int(threads) if threads else None,
+        "startup_at": startup_at.get(0), "startup_eval_seconds": startup_eval.get(0),
+        "step_ended_at": [round_ends[s] for s in range(steps)],
         "wall_seconds": (run.info.end_time - run.info.start_time) / 1000 if run.info.end_time else None,
     }
 
@@ -359,6 +373,8 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
     eval_seconds: list[float] = []
     eval_tokens: list[float] = []
     startup: list[float] = []  # process creation to the first step, less the step-0 evaluation
+    startup_at: list[float] = []  # when the first step began, epoch seconds
+    step_ended_at: list[float] = []  # epoch seconds (the clock peers.py's turns record pauses in)
 
     # Built before TRL patches the model's forward (GRPOTrainer adds a fused LM head whose
     # closure calls the original module's forward, so a deep copy made later would still run
@@ -375,19 +391,22 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
         eval_seconds.append(time.perf_counter() - t0)
         tokens = float(sum(sum(batch) for batch in completion_lengths))
         points.append({"step": done, "accuracy": acc, "gen_tokens": tokens, "seconds": sum(step_seconds),
-                       "gen_train_seconds": sum(step_seconds)})
+                       "gen_train_seconds": sum(step_seconds), "eval_seconds": eval_seconds[-1],
+                       "eval_tokens": eval_tokens[-1], "ended_at": time.time()})
 
     class StepTimer(TrainerCallback):
         began = 0.0
 
         def on_step_begin(self, args, state, control, **kwargs):
             if not startup:
-                startup.append(time.time() - process_started() - sum(eval_seconds))
+                startup_at.append(time.time())
+                startup.append(startup_at[0] - process_started() - sum(eval_seconds))
             threads_seen.add(torch.get_num_threads())
             self.began = time.perf_counter()
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             step_seconds.append(time.perf_counter() - self.began)
+            step_ended_at.append(time.time())
             done = state.global_step
             if done == steps or (eval_every and done % eval_every == 0):
                 evaluate(done, model)
@@ -414,6 +433,8 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
         "batch": cfg.loop.prompts_per_step * cfg.loop.group_size,
         "evals": points, "eval_seconds": sum(eval_seconds), "eval_tokens": sum(eval_tokens),
         "startup_seconds": startup[0] if startup else None,
+        "startup_at": startup_at[0] if startup_at else None, "startup_eval_seconds": eval_seconds[0],
+        "step_ended_at": step_ended_at,
         "torch_threads": sorted(threads_seen)[0] if len(threads_seen) == 1 else sorted(threads_seen),
         "wall_seconds": wall,
         # as the trainer resolved them (not as passed), so a setting TRL overrode would show here

@@ -1,7 +1,8 @@
 """The interleaved peer benchmark, end to end: `replay_pipeline.benchmarks.peers.main` runs our
 flow (`python -m flows.train experiment=no_buffer`), TRL's GRPOTrainer and the bare loop for a
-few steps on the tiny test configuration, two repeats in blocks, each a process of its own;
-then its JSON, PNG and MLflow run are read back and checked.
+few steps on the tiny test configuration, two repeats in blocks, each a process of its own, the
+three of a repeat taking turns of a second (the others stopped meanwhile); then its JSON, PNG and
+MLflow run are read back and checked.
 
 The tiny warm start is kept between test sessions in pytest's cache directory
 (.pytest_cache/d/peers_warmstart, content-addressed like runs/cache: a directory's name
@@ -24,7 +25,7 @@ from replay_pipeline.benchmarks.sides import EXPERIMENT
 from replay_pipeline.resume import resolve_config
 from tests.conftest import TEST_THREADS, TINY_OVERRIDES
 
-STEPS, EVAL_EVERY, REPEATS = 3, 2, 2
+STEPS, EVAL_EVERY, REPEATS, SLICE = 3, 2, 2, 1.0
 EVAL_STEPS = [0, 2, 3]  # start, every EVAL_EVERY, end
 BATCH = 16  # 4 prompts x 4 completions (TRL's num_generations = loop.group_size = 4)
 
@@ -48,7 +49,7 @@ def bench(tmp_path_factory, request):
     if stored is not None:
         _copy_complete(stored, root / "cache")
     assert main(["--steps", str(STEPS), "--eval-every", str(EVAL_EVERY), "--repeats", str(REPEATS),
-                 "--root", str(root), *TINY_OVERRIDES]) == 0
+                 "--slice-seconds", str(SLICE), "--root", str(root), *TINY_OVERRIDES]) == 0
     if stored is not None:
         _copy_complete(root / "cache", stored)
     (out,) = sorted((root / "benchmarks").glob("peers-*"))
@@ -65,9 +66,21 @@ def test_every_side_ran_in_blocks_of_fresh_processes(bench):
     assert result["settings"]["sides"] == list(SIDES) and result["settings"]["repeats"] == REPEATS
     for side in SIDES:
         assert [r["repeat"] for r in result["records"][side]] == list(range(1, REPEATS + 1))
-    # one log per process, written in block order: ours trl bare, ours trl bare
-    logs = sorted((out / "logs").glob("repeat*.log"), key=lambda p: p.stat().st_mtime)
-    assert [p.stem for p in logs] == [f"repeat{r}-{side}" for r in range(1, REPEATS + 1) for side in SIDES]
+    assert (result["settings"]["interleave"], result["settings"]["slice_seconds"]) == ("turns", SLICE)
+    # one log per process
+    logs = sorted(p.stem for p in (out / "logs").glob("repeat*.log"))
+    assert logs == sorted(f"repeat{r}-{side}" for r in range(1, REPEATS + 1) for side in SIDES)
+    for side, r in _each(result):
+        assert r["turns"] >= 1 and len(r["pauses"]) in (r["turns"] - 1, r["turns"])
+        assert all(a < b for a, b in r["pauses"])
+    assert all(r["turns"] > 2 for r in result["records"]["ours"])  # ours, the longest, took several turns
+    # within a repeat, no two sides ran at once: the steps no pause touched never overlap
+    for repeat in range(REPEATS):
+        spans = [(e - s, e, side) for side in SIDES for e, s, kept in
+                 zip(*(result["records"][side][repeat][k] for k in ("step_ended_at", "step_seconds", "step_kept")))
+                 if kept]
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]) if a[2] != b[2]), spans
     # our side is the real command: two flow runs of their own, children of the benchmark's run
     ours = result["records"]["ours"]
     assert len({r["run_id"] for r in ours}) == REPEATS
@@ -163,7 +176,7 @@ def test_accuracy_against_compute_on_every_side(bench):
     # step 0 is the same warm-started weights and the same evaluator on every side
     assert len({first[side][0]["accuracy"] for side in SIDES}) == 1
     for trl in result["records"]["trl"]:
-        assert trl["evals"][-1]["seconds"] == pytest.approx(sum(trl["step_seconds"]))
+        assert trl["evals"][-1]["seconds"] == pytest.approx(sum(trl["step_unpaused_seconds"]))
 
 
 def test_outputs_and_mlflow_run(bench):
@@ -189,4 +202,5 @@ def test_outputs_and_mlflow_run(bench):
         ledger = client.get_metric_history(flow_run.info.run_id, "compute/gen_tokens")
         assert max(m.value for m in ledger) == ours["gen_tokens"]
         startup = client.get_metric_history(flow_run.info.run_id, "startup/seconds")
-        assert [m.value for m in startup] == [ours["startup_seconds"]]
+        assert [m.value for m in startup] == [ours["startup_seconds_measured"]]
+        assert ours["startup_seconds"] <= ours["startup_seconds_measured"]  # less the pauses

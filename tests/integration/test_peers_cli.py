@@ -18,6 +18,7 @@ from replay_pipeline.benchmarks.peers import main
     (["--steps", "3", "notanoverride"], "not overrides"),
     (["--steps", "3", "--repeats", "0"], "--repeats 0 must be >= 1"),
     (["--steps", "3", "run_id=mine"], "each repeat of our side names its own run"),
+    (["--steps", "3", "--slice-seconds", "0"], "--slice-seconds 0.0 must be > 0"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path, capsys, args, message):
     root = tmp_path / "never-created"
@@ -26,9 +27,13 @@ def test_bad_input_is_refused_before_any_work(tmp_path, capsys, args, message):
     assert not root.exists()
 
 
-def test_an_unknown_side_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("args, message", [
+    (["--sides", "ours,verl"], "distinct sides among ours, trl, bare"),
+    (["--interleave", "threads"], "invalid choice: 'threads'"),
+])
+def test_an_unknown_choice_is_refused_by_the_parser(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--sides", "ours,verl", "--root", str(tmp_path / "never-created")])
+        main([*args, "--root", str(tmp_path / "never-created")])
     assert exit_info.value.code == 2
-    assert "distinct sides among ours, trl, bare" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "never-created").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from replay_pipeline.benchmarks.peers import repeat_figures, summarise, verdict
+from replay_pipeline.benchmarks.turns import CORES
 
 
 def record(steps, gen, train, *, tokens=100.0, accuracies=(0.2, 0.3), startup=None, eval_s=0.5, eval_tokens=250.0):
@@ -56,7 +57,19 @@ def test_ratios_are_taken_within_each_repeat():
     assert (step["median"], step["min"], step["max"], step["n"]) == pytest.approx((0.24, 0.24, 0.48, 3))
     assert s["sides"]["ours"]["other_s"]["median"] == pytest.approx(0.04)
     assert s["startup"] == {"target_s": 10.0, "median_s": 7.0, "verdict": "met", "met": True}
-    assert s["noise"] == {"step_noise_median": 0.0, "quiet_at_most": 0.10, "quiet": True}  # steady steps
+    assert s["noise"] == {"step_noise_median": 0.0, "quiet_at_most": 0.10, "quiet": True,  # steady steps
+                          "measured": "step_noise"}
+
+
+def test_in_turns_quiet_is_the_load_measured_beside_the_sides():
+    def measured(other, machine=20.0):
+        r = record([0.1, 0.3, 0.2, 0.5], [0.05] * 4, [0.05] * 4)  # a spread of 75%: not what is judged
+        return r | {"machine_cpu": machine, "other_cpu": other}
+    quiet = summarise({"ours": [measured(0.2)], "bare": [measured(0.3)]})["noise"]
+    assert quiet["measured"] == "other_cores" and quiet["quiet"]
+    assert quiet["other_cores"] == pytest.approx(0.5 / 40.0 * CORES)
+    busy = summarise({"ours": [measured(9.0)], "bare": [measured(10.0)]})["noise"]
+    assert not busy["quiet"] and busy["other_cores"] == pytest.approx(19.0 / 40.0 * CORES)
 
 
 def test_accuracies_repeat_or_say_they_do_not():

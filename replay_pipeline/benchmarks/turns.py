@@ -1,0 +1,271 @@
+"""Processes in turns: several commands run one at a time in slices of wall time, each stopped
+(SIGSTOP on its whole process tree) while another has the turn, and what the stops did to each
+one's own timings.
+
+    turns = take_turns([("ours", cmd_a, log_a), ("trl", cmd_b, log_b)], slice_seconds=2.0)
+    turns["ours"].pauses      # [(stopped_at, resumed_at), ...] in epoch seconds
+
+Why (the peer benchmark, replay_pipeline/benchmarks/peers.py): its sides used to run one after
+another, a fresh process each of 15-30 s, and this 2-core machine's speed drifts by 10-15% over
+tens of seconds, so two processes of the same code a minute apart differed by as much as the
+effect measured (ours/bare within one repeat ranged 0.95-1.30 on 2026-12-04). In turns of a few
+seconds every side's steps are spread over the same minute, so a slow or fast spell falls on all
+of them alike, while each side still runs alone on the cores, in a fresh process of its own.
+
+Rules:
+- A side's whole process tree is stopped: `python -m flows.train` and its Prefect server (a
+  child in a session of its own), so nothing of a side runs while another has the turn. The
+  tree is read from /proc (Linux): the root is stopped first, and each process is read for its
+  children only once it has stopped, so none can start a child that escapes the stop (a
+  process inside fork() stops when the fork returns: seen once in the tests before the wait).
+- A side that is the last one running is not stopped again; it runs to its end.
+- Pause windows are recorded conservatively: from just before the stop to just after the
+  continue (`time.time()`, the clock the sides stamp their steps with).
+- A side that fails, or runs longer than `timeout` seconds of its own (pauses not counted),
+  fails the whole run; every other side's tree is continued and killed first, so no stopped
+  process is left behind (also on Ctrl-C and SIGTERM, which raises `Terminated` meanwhile; a
+  SIGKILL of this process leaves the stopped sides stopped: `kill -CONT`, then kill them).
+
+The machine's load beside the sides is measured, not assumed: over every turn that ends in a
+stop, the CPU the whole machine spent (/proc/stat) less what the running command's tree and this
+process spent (`Turned.other_cores`: the cores other processes kept busy meanwhile). A turn that
+ends with its command's exit is left out (the tree's last CPU leaves /proc with it).
+
+What the pauses do to a side's figures (`overlap`, `kept_steps`) is for the caller: a step is
+kept only when no pause touched it or the step before it (the step that resumes a turn runs on
+caches the other sides evicted); a window's seconds (start-up, an evaluation, the whole
+process) are counted without the pauses inside it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+Pause = tuple[float, float]
+
+
+@dataclass
+class Turned:
+    """One command's run in turns: wall seconds from launch to exit (pauses included), its
+    pauses (epoch seconds, stop to continue), how many turns it had, and over the turns that
+    ended in a stop the machine's CPU time (core-seconds) and the part of it spent by processes
+    other than this command's tree and the caller (`other_cpu`: the machine's load beside it)."""
+    seconds: float = 0.0
+    pauses: list[Pause] = field(default_factory=list)
+    turns: int = 0
+    machine_cpu: float = 0.0
+    other_cpu: float = 0.0
+
+    @property
+    def paused_seconds(self) -> float:
+        return sum(b - a for a, b in self.pauses)
+
+    @property
+    def other_cores(self) -> float | None:
+        """Cores other processes kept busy during this command's measured turns (None: none
+        measured)."""
+        return self.other_cpu / self.machine_cpu * CORES if self.machine_cpu else None
+
+
+CORES = os.cpu_count() or 1
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all cores so far (/proc/stat: busy = all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:9]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
+def _cpu_ticks(pid: int, children: bool = True) -> int:
+    """user + system ticks of `pid`, and of its children it has reaped (`children`)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0
+    return sum(int(v) for v in fields[11:15 if children else 13])
+
+
+def _sample(pid: int) -> tuple[int, int, int]:
+    """(machine busy, machine total, this command's tree + the caller) ticks."""
+    busy, total = _machine_ticks()
+    return busy, total, sum(_cpu_ticks(p) for p in process_tree(pid)) + _cpu_ticks(os.getpid(), children=False)
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its living descendants, parents first (from /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat"), "rb") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the command name may hold spaces and ')'
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _signal_all(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (R, S, D, T, Z, ...); 'X' once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return "X"
+
+
+def _wait_stopped(pid: int, timeout: float = 1.0) -> None:
+    """Until `pid` is stopped (or gone): a process that was inside fork() when SIGSTOP came
+    stops only once the fork is done, and its new child must be visible before the tree is read."""
+    deadline = time.monotonic() + timeout
+    while _state(pid) not in "TtZX" and time.monotonic() < deadline:
+        time.sleep(0.0002)
+
+
+def stop_tree(pid: int) -> list[int]:
+    """SIGSTOP `pid`, then every descendant, each once it has stopped (so none is mid-fork and
+    every child it made is seen); the pids stopped, for `continue_tree`."""
+    stopped: list[int] = []
+    new = [pid]
+    while new:
+        _signal_all(new, signal.SIGSTOP)
+        for p in new:
+            _wait_stopped(p)
+        stopped += new
+        new = [p for p in process_tree(pid) if p not in stopped]
+    return stopped
+
+
+def continue_tree(pids: Sequence[int]) -> None:
+    """SIGCONT the processes `stop_tree` stopped, children first."""
+    _signal_all(list(reversed(pids)), signal.SIGCONT)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and its descendants (stopped ones included: a stopped process dies on SIGKILL)."""
+    _signal_all(process_tree(pid), signal.SIGKILL)
+
+
+def take_turns(jobs: Sequence[tuple[str, list[str], Path]], slice_seconds: float, timeout: float = 3600.0,
+               log: Callable[[str], Any] = print) -> dict[str, Turned]:
+    """Run `jobs` (name, command, log file) in turns of `slice_seconds` in the order given,
+    each launched at its first turn and stopped between its turns, until all have ended.
+    Raises RuntimeError (with the log's last lines) when one fails or overruns `timeout`
+    seconds of its own; the others are killed first."""
+    if slice_seconds <= 0:
+        raise ValueError(f"slice_seconds={slice_seconds}: must be > 0")
+    restore = _terminate_as_exception()
+    procs: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Any] = {}
+    stopped: dict[str, list[int]] = {}
+    began: dict[str, float] = {}
+    out = {name: Turned() for name, _, _ in jobs}
+    ended: set[str] = set()
+    try:
+        while len(ended) < len(jobs):
+            for name, command, log_path in jobs:
+                if name in ended:
+                    continue
+                turned = out[name]
+                if name not in procs:
+                    log_path.parent.mkdir(parents=True, exist_ok=True)
+                    logs[name] = log_path.open("w")
+                    began[name] = time.perf_counter()
+                    procs[name] = subprocess.Popen(command, stdout=logs[name], stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL)
+                else:
+                    continue_tree(stopped.pop(name))
+                    turned.pauses[-1] = (turned.pauses[-1][0], time.time())
+                turned.turns += 1
+                before = _sample(procs[name].pid)
+                alone = len(jobs) - len(ended) == 1
+                own = time.perf_counter() - began[name] - turned.paused_seconds
+                try:
+                    code = procs[name].wait(timeout=max(timeout - own, 0.0) if alone
+                                            else min(slice_seconds, max(timeout - own, 0.0)))
+                except subprocess.TimeoutExpired:
+                    if alone or time.perf_counter() - began[name] - turned.paused_seconds >= timeout:
+                        _fail(name, "timeout", log_path, began[name])
+                    busy, total, own = (b - a for a, b in zip(before, _sample(procs[name].pid)))
+                    turned.pauses.append((time.time(), float("nan")))
+                    stopped[name] = stop_tree(procs[name].pid)
+                    turned.machine_cpu += total / _TICK
+                    turned.other_cpu += max(busy - own, 0) / _TICK
+                    continue
+                turned.seconds = time.perf_counter() - began[name]
+                ended.add(name)
+                logs.pop(name).close()
+                if code != 0:
+                    _fail(name, code, log_path, began[name])
+        return out
+    finally:
+        for name, proc in procs.items():
+            if name not in ended:
+                continue_tree(stopped.pop(name, []))
+                kill_tree(proc.pid)
+                proc.wait()
+        for f in logs.values():
+            f.close()
+        restore()
+
+
+class Terminated(Exception):
+    """SIGTERM reached `take_turns`: raised so that its cleanup runs (continue and kill every
+    side); Python's default for SIGTERM ends the process at once and left the stopped sides
+    stopped, for good."""
+
+
+def _terminate_as_exception() -> Callable[[], None]:
+    """SIGTERM raises Terminated while `take_turns` runs (main thread only); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def raise_terminated(signum, frame):
+        raise Terminated(f"signal {signum} while the sides took turns: every side was killed")
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _fail(name: str, code: Any, log_path: Path, began: float) -> None:
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+    raise RuntimeError(f"{name} ended with {code} after {time.perf_counter() - began:.0f} s (in turns); "
+                       f"its log is {log_path}:\n{tail}")
+
+
+# ------------------------------------------------------------------ what the pauses did
+def overlap(start: float, end: float, pauses: Sequence[Pause]) -> float:
+    """Seconds of `pauses` inside [start, end]."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in pauses)
+
+
+def kept_steps(ends: Sequence[float], seconds: Sequence[float], pauses: Sequence[Pause]) -> list[bool]:
+    """For steps that ended at `ends` after `seconds` each: True where no pause touched the step
+    or the one before it (the first step after a turn's start runs on cold caches)."""
+    starts = [e - s for e, s in zip(ends, seconds)]
+    return [not any(a <= ends[k] and b >= starts[max(k - 1, 0)] for a, b in pauses) for k in range(len(ends))]
