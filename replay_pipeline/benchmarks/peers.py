@@ -518,7 +518,7 @@ def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | 
                 jobs.append((side, command, out_dir / "logs" / f"{name}.log"))
             if interleave == "turns":
                 log(f"[peers] repeat {r + 1}/{repeats}: {' '.join(sides)} in turns of {slice_seconds:g} s")
-                turned = take_turns(jobs, slice_seconds, timeout, log)
+                turned = take_turns(jobs, slice_seconds, timeout)
             else:
                 turned = {}
                 for side, command, log_path in jobs:

@@ -171,8 +171,8 @@ def kill_tree(pid: int) -> None:
     _signal_all(process_tree(pid), signal.SIGKILL)
 
 
-def take_turns(jobs: Sequence[tuple[str, list[str], Path]], slice_seconds: float, timeout: float = 3600.0,
-               log: Callable[[str], Any] = print) -> dict[str, Turned]:
+def take_turns(jobs: Sequence[tuple[str, list[str], Path]], slice_seconds: float,
+               timeout: float = 3600.0) -> dict[str, Turned]:
     """Run `jobs` (name, command, log file) in turns of `slice_seconds` in the order given,
     each launched at its first turn and stopped between its turns, until all have ended.
     Raises RuntimeError (with the log's last lines) when one fails or overruns `timeout`
@@ -211,11 +211,11 @@ def take_turns(jobs: Sequence[tuple[str, list[str], Path]], slice_seconds: float
                 except subprocess.TimeoutExpired:
                     if alone or time.perf_counter() - began[name] - turned.paused_seconds >= timeout:
                         _fail(name, "timeout", log_path, began[name])
-                    busy, total, own = (b - a for a, b in zip(before, _sample(procs[name].pid)))
+                    busy, total, theirs = (b - a for a, b in zip(before, _sample(procs[name].pid)))
                     turned.pauses.append((time.time(), float("nan")))
                     stopped[name] = stop_tree(procs[name].pid)
                     turned.machine_cpu += total / _TICK
-                    turned.other_cpu += max(busy - own, 0) / _TICK
+                    turned.other_cpu += max(busy - theirs, 0) / _TICK
                     continue
                 turned.seconds = time.perf_counter() - began[name]
                 ended.add(name)
