@@ -15,9 +15,10 @@ of them alike, while each side still runs alone on the cores, in a fresh process
 Rules:
 - A side's whole process tree is stopped: `python -m flows.train` and its Prefect server (a
   child in a session of its own), so nothing of a side runs while another has the turn. The
-  tree is read from /proc (Linux): the root is stopped first, and each process is read for its
-  children only once it has stopped, so none can start a child that escapes the stop (a
-  process inside fork() stops when the fork returns: seen once in the tests before the wait).
+  tree is read with psutil (already the project's dependency): the root is stopped first, and
+  each process is read for its children only once it has stopped, so none can start a child
+  that escapes the stop (a process inside fork() stops when the fork returns: seen once in the
+  tests before the wait).
 - A side that is the last one running is not stopped again; it runs to its end.
 - Pause windows are recorded conservatively: from just before the stop to just after the
   continue (`time.time()`, the clock the sides stamp their steps with).
@@ -27,9 +28,10 @@ Rules:
   SIGKILL of this process leaves the stopped sides stopped: `kill -CONT`, then kill them).
 
 The machine's load beside the sides is measured, not assumed: over every turn that ends in a
-stop, the CPU the whole machine spent (/proc/stat) less what the running command's tree and this
-process spent (`Turned.other_cores`: the cores other processes kept busy meanwhile). A turn that
-ends with its command's exit is left out (the tree's last CPU leaves /proc with it).
+stop, the CPU the whole machine spent (psutil.cpu_times: /proc/stat on Linux) less what the
+running command's tree and this process spent (`Turned.other_cores`: the cores other processes
+kept busy meanwhile). A turn that ends with its command's exit is left out (the tree's last CPU
+is gone with it).
 
 What the pauses do to a side's figures (`overlap`, `kept_steps`) is for the caller: a step is
 kept only when no pause touched it or the step before it (the step that resumes a turn runs on
@@ -47,6 +49,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import psutil
 
 Pause = tuple[float, float]
 
@@ -75,51 +79,36 @@ class Turned:
 
 
 CORES = os.cpu_count() or 1
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _machine_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of all cores so far (/proc/stat: busy = all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:9]]
-    return sum(values) - values[3] - values[4], sum(values)
+def _machine_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of all cores so far (busy: all but idle and iowait)."""
+    t = psutil.cpu_times()
+    total = t.user + t.nice + t.system + t.idle + t.iowait + t.irq + t.softirq + t.steal  # guest is in user
+    return total - t.idle - t.iowait, total
 
 
-def _cpu_ticks(pid: int, children: bool = True) -> int:
-    """user + system ticks of `pid`, and of its children it has reaped (`children`)."""
+def _cpu_seconds(pid: int, children: bool = True) -> float:
+    """user + system seconds of `pid`, and of its children it has reaped (`children`); 0 once gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return 0
-    return sum(int(v) for v in fields[11:15 if children else 13])
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)
 
 
-def _sample(pid: int) -> tuple[int, int, int]:
-    """(machine busy, machine total, this command's tree + the caller) ticks."""
-    busy, total = _machine_ticks()
-    return busy, total, sum(_cpu_ticks(p) for p in process_tree(pid)) + _cpu_ticks(os.getpid(), children=False)
+def _sample(pid: int) -> tuple[float, float, float]:
+    """(machine busy, machine total, this command's tree + the caller) CPU seconds."""
+    busy, total = _machine_seconds()
+    return busy, total, sum(_cpu_seconds(p) for p in process_tree(pid)) + _cpu_seconds(os.getpid(), children=False)
 
 
 def process_tree(pid: int) -> list[int]:
-    """`pid` and its living descendants, parents first (from /proc/*/stat)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(os.path.join(entry.path, "stat"), "rb") as f:
-                stat = f.read()
-        except OSError:  # ended meanwhile
-            continue
-        ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the command name may hold spaces and ')'
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        todo += children.get(p, [])
-    return out
+    """`pid` and its living descendants, parents first."""
+    try:
+        return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:  # gone meanwhile
+        return [pid]
 
 
 def _signal_all(pids: Sequence[int], sig: int) -> None:
@@ -130,20 +119,22 @@ def _signal_all(pids: Sequence[int], sig: int) -> None:
             pass
 
 
-def _state(pid: int) -> str:
-    """The process's state letter in /proc (R, S, D, T, Z, ...); 'X' once it is gone."""
+_HELD = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def _held(pid: int) -> bool:
+    """Whether `pid` is stopped, or will not run again (a zombie, or gone)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except OSError:
-        return "X"
+        return psutil.Process(pid).status() in _HELD
+    except psutil.Error:
+        return True
 
 
 def _wait_stopped(pid: int, timeout: float = 1.0) -> None:
     """Until `pid` is stopped (or gone): a process that was inside fork() when SIGSTOP came
     stops only once the fork is done, and its new child must be visible before the tree is read."""
     deadline = time.monotonic() + timeout
-    while _state(pid) not in "TtZX" and time.monotonic() < deadline:
+    while not _held(pid) and time.monotonic() < deadline:
         time.sleep(0.0002)
 
 
@@ -214,8 +205,8 @@ def take_turns(jobs: Sequence[tuple[str, list[str], Path]], slice_seconds: float
                     busy, total, theirs = (b - a for a, b in zip(before, _sample(procs[name].pid)))
                     turned.pauses.append((time.time(), float("nan")))
                     stopped[name] = stop_tree(procs[name].pid)
-                    turned.machine_cpu += total / _TICK
-                    turned.other_cpu += max(busy - theirs, 0) / _TICK
+                    turned.machine_cpu += total
+                    turned.other_cpu += max(busy - theirs, 0.0)
                     continue
                 turned.seconds = time.perf_counter() - began[name]
                 ended.add(name)
@@ -254,7 +245,7 @@ def _terminate_as_exception() -> Callable[[], None]:
 
 def _fail(name: str, code: Any, log_path: Path, began: float) -> None:
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-    raise RuntimeError(f"{name} ended with {code} after {time.perf_counter() - began:.0f} s (in turns); "
+    raise RuntimeError(f"{name} ended with {code} after {time.perf_counter() - began:.0f} s; "
                        f"its log is {log_path}:\n{tail}")
 
 
