@@ -92,9 +92,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -278,21 +276,10 @@ def worker_command(side: str, root: str | Path, steps: int, eval_every: int, ove
 
 def run_process(command: list[str], log_path: Path, timeout: float) -> float:
     """Run `command` to its end with its output in `log_path`; its wall seconds. A failure
-    raises with the log's last lines."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with log_path.open("w") as log:
-        try:
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    seconds = time.perf_counter() - start
-    if code != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"{' '.join(command[:4])} ... ended with {code} after {seconds:.0f} s; "
-                           f"its log is {log_path}:\n{tail}")
-    return seconds
+    raises with the log's last lines (`take_turns` with this one command: nobody to take turns
+    with, the same failure report, and its process tree killed on a timeout or SIGTERM)."""
+    name = f"{' '.join(command[:4])} ..."
+    return take_turns([(name, command, log_path)], SLICE_SECONDS, timeout)[name].seconds
 
 
 def run_worker(side: str, steps: int, root: str, eval_every: int, overrides: Sequence[str], out: Path) -> None:
@@ -454,14 +441,20 @@ def plot(result: Mapping[str, Any], path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the benchmark
+def check_interleave(interleave: str, slice_seconds: float) -> None:
+    """BenchmarkError unless `interleave` is one of INTERLEAVE and a turn is longer than 0 s."""
+    if interleave not in INTERLEAVE:
+        raise BenchmarkError(f"--interleave {interleave!r}: one of {', '.join(INTERLEAVE)}")
+    if slice_seconds <= 0:
+        raise BenchmarkError(f"--slice-seconds {slice_seconds} must be > 0 (2 is the default)")
+
+
 def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | None = None,
                   overrides: Sequence[str] = (), sides: Sequence[str] = SIDES, timeout: float = 3600.0,
                   log: Callable[[str], Any] = print, interleave: str = "turns",
                   slice_seconds: float = SLICE_SECONDS) -> dict[str, Any]:
     """Check, prepare, run the blocks and write the outputs; returns the result (also the JSON)."""
-    if interleave not in INTERLEAVE or slice_seconds <= 0:
-        raise BenchmarkError(f"interleave={interleave!r}, slice_seconds={slice_seconds}: one of {INTERLEAVE}, "
-                             "and a slice > 0 s")
+    check_interleave(interleave, slice_seconds)
     overrides = list(overrides)
     _prefect_home(root)
     cfg, eval_every = check_inputs(steps, root, eval_every, overrides, need_trl="trl" in sides)
@@ -601,8 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.repeats < 1:
             raise BenchmarkError(f"--repeats {args.repeats} must be >= 1 (3 or more to read a spread)")
-        if args.slice_seconds <= 0:
-            raise BenchmarkError(f"--slice-seconds {args.slice_seconds} must be > 0 (2 is the default)")
+        check_interleave(args.interleave, args.slice_seconds)
         check_inputs(args.steps, args.root, args.eval_every, args.overrides, need_trl="trl" in args.sides)
     except (BenchmarkError, ConfigError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)

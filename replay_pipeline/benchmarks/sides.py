@@ -228,11 +228,13 @@ def _history(client, run_id: str, key: str) -> dict[int, float]:
     return {int(m.step): float(m.value) for m in client.get_metric_history(run_id, key)}
 
 
-def _logged_at(client, run_id: str, key: str) -> dict[int, float]:
-    """When each step's value of `key` was logged, epoch seconds: MLflow keeps milliseconds,
-    truncated, so 1 ms is added (a later bound, never an earlier one). The flow logs a round's
-    metrics right after the round, an evaluation's right after it."""
-    return {int(m.step): m.timestamp / 1000 + 0.001 for m in client.get_metric_history(run_id, key)}
+def _timed_history(client, run_id: str, key: str) -> tuple[dict[int, float], dict[int, float]]:
+    """`_history`, and when each step's value was logged, epoch seconds (one read): MLflow keeps
+    milliseconds, truncated, so 1 ms is added (a later bound, never an earlier one). The flow
+    logs a round's metrics right after the round, an evaluation's right after it."""
+    metrics = client.get_metric_history(run_id, key)
+    return ({int(m.step): float(m.value) for m in metrics},
+            {int(m.step): m.timestamp / 1000 + 0.001 for m in metrics})
 
 
 def ours_command(root: str | Path, steps: int, eval_every: int, overrides: Sequence[str], run_id: str,
@@ -256,18 +258,16 @@ def read_ours(mlflow_uri: str, run_id: str, steps: int) -> dict[str, Any]:
         raise RuntimeError(f"no MLflow run of flow run {run_id} in experiment {EXPERIMENT!r} at {mlflow_uri}")
     run = found[0]
     rid = run.info.run_id
-    rounds = _history(client, rid, "compute/round_seconds")
+    rounds, round_ends = _timed_history(client, rid, "compute/round_seconds")
     gen = _history(client, rid, "compute/gen_seconds")
     tokens = _history(client, rid, "compute/gen_tokens")
     gen_train = _history(client, rid, "compute/gen_train_seconds")
     learn = _history(client, rid, "learn/seconds")
-    evals = _history(client, rid, "eval/accuracy")
+    evals, eval_ends = _timed_history(client, rid, "eval/accuracy")
     eval_seconds = _history(client, rid, "eval/seconds")
     eval_tokens = _history(client, rid, "eval/greedy_tokens")
-    startup = _history(client, rid, "startup/seconds")
+    startup, startup_at = _timed_history(client, rid, "startup/seconds")
     startup_eval = _history(client, rid, "startup/eval_seconds")
-    round_ends, eval_ends = _logged_at(client, rid, "compute/round_seconds"), _logged_at(client, rid, "eval/accuracy")
-    startup_at = _logged_at(client, rid, "startup/seconds")
     missing = [s for s in range(steps) if s not in rounds or s not in learn or s not in gen]
     if missing:
         raise RuntimeError(f"the flow's MLflow run {rid} lacks round metrics for steps {missing[:5]}")
