@@ -5,11 +5,13 @@ server by config) through `MlflowClient`, not the fluent API, so several runs ca
 one process (tests, sweeps). The one exception is `log_model`: MLflow's model flavours log
 through the fluent API only, so it points the process's tracking URI at this store for the
 call and back after it. Metrics are written by a background thread, so a round never
-waits for the tracking store (a SQLite batch costs ~10-20 ms here), and that thread gathers
-what was logged over up to `COALESCE_SECONDS` (1 s) into one batch: five default rounds cost
-one 25 ms batch instead of five of 11-14 ms, less work for a thread that shares the
-interpreter lock and the cores with generation and training (measured: the peer benchmark,
-README). The MLflow UI then lags by at most a second. `flush()` writes at once and waits for
+waits for the tracking store, and that thread gathers what was logged over up to
+`COALESCE_SECONDS` (1 s) into one batch, less work for a thread that shares the interpreter
+lock and the cores with generation and training (measured: the peer benchmark, README). On a
+plain SQLite store the batch's rows go straight into MLflow's metric tables
+(replay_pipeline/mlflow_sqlite.py: MLflow's own log_batch spends ~110 us of CPU a metric in
+its ORM, ~60 ms a second of the default run); any other store gets `log_batch`. The MLflow UI
+then lags by at most a second. `flush()` writes at once and waits for
 them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
 metrics of the steps it covers are stored. A writer error surfaces at the next call. `NullTracker` has the same interface and does nothing, which
 keeps `if tracker:` checks out of the training loop. A new local SQLite store starts as a copy
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from replay_pipeline import sqlite_templates
+from replay_pipeline.mlflow_sqlite import open_writer, sqlite_path
 from replay_pipeline.threadnames import os_named
 
 # MLflow's SQLite store logs Alembic migrations at INFO on first use; keep the terminal clean.
@@ -177,10 +180,9 @@ def seed_sqlite_store(uri: str) -> None:
     a copy of an empty migrated one (`replay_pipeline.sqlite_templates`): MLflow's first open of
     a new file migrates it (3.4 s here, against 1.1 s to open one at head). Any other URI, or
     a file that exists: nothing."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix) or "?" in uri or uri == prefix:
-        return
-    sqlite_templates.seed(Path(uri[len(prefix):]), f"mlflow-db-{version('mlflow')}/mlflow.db", _migrate_sqlite)
+    path = sqlite_path(uri)
+    if path is not None:
+        sqlite_templates.seed(path, f"mlflow-db-{version('mlflow')}/mlflow.db", _migrate_sqlite)
 
 
 class MlflowTracker:
@@ -209,7 +211,8 @@ class MlflowTracker:
         self._start_writer()
 
     def _start_writer(self) -> None:
-
+        # a plain SQLite store: rows go straight into MLflow's two metric tables (mlflow_sqlite)
+        self._rows = open_writer(self.uri, self.run_id)
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         threading.Thread(target=os_named(self._drain), name="mlflow-metrics", daemon=True).start()
@@ -225,13 +228,25 @@ class MlflowTracker:
                     break
             items = [m for batch in batches if batch is not _FLUSH for m in batch]
             try:
-                for i in range(0, len(items), 1000):
-                    self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
+                self._write(items)
             except Exception as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 self._error = exc
             finally:
                 for _ in batches:
                     self._queue.task_done()
+
+    def _write(self, rows: list[tuple[str, float, int, int]]) -> None:
+        """Store metric rows (key, value, timestamp in ms, step): straight into a SQLite store's
+        tables when it has a row writer, else through MLflow's log_batch (any store)."""
+        if self._rows is not None:
+            self._rows.write(rows)
+            return
+        # start-up cost: mlflow takes seconds to import; only this path talks to the store
+        from mlflow.entities import Metric
+
+        items = [Metric(*row) for row in rows]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -286,12 +301,9 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        # start-up cost: mlflow takes seconds to import; only this path talks to the store
-        from mlflow.entities import Metric
-
         self._raise_pending()
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in metrics.items()
+        items = [(k, float(v), now, step) for k, v in metrics.items()
                  if v is not None and math.isfinite(float(v))]
         if items:
             self._queue.put(items)
@@ -360,6 +372,9 @@ class MlflowTracker:
     def finish(self, status: str = "FINISHED") -> None:
         try:
             self.flush()
+            rows, self._rows = self._rows, None  # anything logged later goes through log_batch
+            if rows is not None:
+                rows.close()
         finally:
             with deferred_signals():
                 self.client.set_terminated(self.run_id, status=status)
