@@ -19,7 +19,7 @@ with MLflow's own name check. Values are finite floats (the tracker drops the re
 they are queued), so MLflow's NaN/inf encoding never applies.
 
 `open_writer` returns None, and the tracker keeps `log_batch`, unless both tables have exactly
-the columns this was written against (MLflow 3's schema; an MLflow that changes them falls
+the columns this was written against and MLflow's name check is where it was (MLflow 3's schema; an MLflow that changes them falls
 back by itself, and tests/integration/test_mlflow_sqlite.py compares the two paths row for
 row). Ground floor: imports nothing of the project.
 """
@@ -57,13 +57,24 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len(prefix):])
 
 
+def _name_check():
+    """MLflow's own metric-name check (raises MlflowException), or None where this MLflow
+    has none by that name: then open_writer leaves the store to log_batch."""
+    try:
+        # start-up cost: mlflow, in the tracker's process only (which imported it already)
+        from mlflow.utils.validation import _validate_metric_name
+    except ImportError:
+        return None
+    return _validate_metric_name
+
+
 def _columns(conn: sqlite3.Connection, table: str) -> frozenset[str]:
     return frozenset(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
 
 
 class SqliteMetricWriter:
-    """Writes metric rows of one MLflow run into the SQLite store at `path`. Use it from one
-    thread (the connection is that thread's); `close()` when done."""
+    """Writes metric rows of one MLflow run into the SQLite store at `path`, from one thread at
+    a time (the tracker's writer thread); `close()` when done."""
 
     def __init__(self, path: Path, run_id: str, timeout: float = 60.0):
         self.path = Path(path)
@@ -73,21 +84,18 @@ class SqliteMetricWriter:
         self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
                                      check_same_thread=False)
         self._checked: set[str] = set()
+        self._validate = _name_check()
 
     def compatible(self) -> bool:
-        """Whether both metric tables have exactly the columns this writer fills."""
-        return (_columns(self._conn, "metrics") == METRICS_COLUMNS
+        """Whether MLflow's name check is there and both metric tables have exactly the
+        columns this writer fills."""
+        return (self._validate is not None and _columns(self._conn, "metrics") == METRICS_COLUMNS
                 and _columns(self._conn, "latest_metrics") == LATEST_COLUMNS)
 
     def _check_keys(self, rows: list[Row]) -> None:
         new = {key for key, *_ in rows} - self._checked
-        if not new:
-            return
-        # start-up cost: mlflow, once the first metrics are written (the tracker imported it already)
-        from mlflow.utils.validation import _validate_metric_name
-
         for key in sorted(new):
-            _validate_metric_name(key)
+            self._validate(key)
         self._checked |= new
 
     def write(self, rows: Iterable[Row]) -> None:
