@@ -52,8 +52,11 @@ within-repeat ratio, or start-up, is within the target), **missed** when no repe
 repeats' distribution with probability 1 - 2 / 2^n: 75% with 3 repeats, 94% with 5 (the
 README's figures); a median that happens to fall on the right side of the target while the
 repeats disagree is not quoted as a result (a drifting machine gave ours/TRL 0.907 with repeats
-0.815-1.435). What spreads a repeat's ratio is mostly how few steps its medians rest on: single
-steps of the same code vary by 10-20% on this machine from one second to the next (the same
+0.815-1.435). Each ratio also gets the median's distribution-free interval (`median_interval`:
+the k-th smallest to the k-th largest repeat, at least 93.75% coverage; min-max up to 5
+repeats, narrower with more) and that interval's verdict (`median_verdict`), printed under
+it: with 9 repeats one repeat on each side may fall outside it. What spreads a repeat's ratio
+is mostly how few steps its medians rest on: single steps of the same code vary by 10-20% on this machine from one second to the next (the same
 side, even within a turn), so `--steps` narrows the repeats more than turns alone do.
 
 Noise (`noise`): whether the machine was quiet, and how much one step varies.
@@ -90,6 +93,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -107,6 +111,8 @@ LABELS = {"ours": "ours (no_buffer)", "trl": "TRL GRPOTrainer", "bare": "bare to
 #: Target ratios, ours over each peer, seconds per learner step (within each repeat; see `verdict`).
 RATIO_TARGETS = {"trl": 1.0, "bare": 1.05}
 STARTUP_TARGET_S = 10.0
+#: The least coverage of the median's interval (`median_interval`): min-max of 5 repeats (15/16).
+MEDIAN_COVERAGE = 0.9375
 #: The largest step-time spread within a repeat (interquartile range / median, the median over
 #: sides and repeats) at which the machine counts as quiet enough to quote the figures, where
 #: the load beside the sides was not measured (--interleave processes).
@@ -207,6 +213,25 @@ def verdict(low: float, high: float, target: float, strict: bool = False) -> str
     return "met" if within(high) else "missed" if not within(low) else "unresolved"
 
 
+def median_interval(values: Sequence[float], coverage: float = MEDIAN_COVERAGE) -> dict[str, float]:
+    """The distribution-free interval for the median of what the values were drawn from: the
+    k-th smallest and k-th largest value, k the largest that still covers the median with
+    probability >= `coverage` (1 - 2 P(Binomial(n, 1/2) < k)); k = 1 (min and max) when no k
+    does. With the default, min-max (93.75%) up to 5 values, the 2nd smallest to the 2nd
+    largest (96.1%) for 9."""
+    ordered, n = sorted(values), len(values)
+    if not n:
+        raise ValueError("an interval of no values")
+
+    def covers(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = 1
+    while 2 * (k + 1) <= n and covers(k + 1) >= coverage:
+        k += 1
+    return {"low": ordered[k - 1], "high": ordered[n - k], "coverage": covers(k)}
+
+
 def _spread(values: Sequence[float | None]) -> dict[str, float] | None:
     """median, min and max of the values that are there (None when none is)."""
     present = [float(v) for v in values if v is not None]
@@ -243,8 +268,10 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
                 ratios = [a / f["step_s"] for a, f in zip(ours, per_repeat[peer])]
                 spread = _spread(ratios)
                 judged = verdict(spread["min"], spread["max"], target)
+                interval = median_interval(ratios)
                 out["ratios"][peer] = {**spread, "per_repeat": ratios, "target": target, "verdict": judged,
-                                       "met": judged == "met"}
+                                       "met": judged == "met", "median_interval": interval,
+                                       "median_verdict": verdict(interval["low"], interval["high"], target)}
         startup = out["sides"]["ours"]["startup_s"]
         judged = verdict(startup["min"], startup["max"], STARTUP_TARGET_S, strict=True) if startup else "missed"
         out["startup"] = {"target_s": STARTUP_TARGET_S, "median_s": startup and startup["median"],
@@ -321,6 +348,12 @@ def _said(judged: str) -> str:
             "unresolved": "UNRESOLVED (the repeats straddle the target: more --repeats on a quiet machine)"}[judged]
 
 
+def _median_said(judged: str, median: float, target: float) -> str:
+    where = "meets" if median <= target else "misses"
+    return {"met": "within the target", "missed": "over the target",
+            "unresolved": f"straddles the target (the median {where} it)"}[judged]
+
+
 def report(result: Mapping[str, Any]) -> str:
     s, summary = result["settings"], result["summary"]
     sides = [side for side in SIDES if side in summary["sides"]]
@@ -377,6 +410,10 @@ def report(result: Mapping[str, Any]) -> str:
         each = ", ".join(f"{x:.3f}" for x in r["per_repeat"])
         lines.append(f"  ours / {peer}, seconds per step: {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}] "
                      f"(repeats: {each}); target <= {r['target']:.2f}: {_said(r['verdict'])}")
+        if "median_interval" in r:
+            iv = r["median_interval"]
+            lines.append(f"    the median's {100 * iv['coverage']:.0f}% interval [{iv['low']:.3f}-{iv['high']:.3f}]: "
+                         f"{_median_said(r['median_verdict'], r['median'], r['target'])}")
     if "startup" in summary:
         st = summary["startup"]
         shown = "-" if st["median_s"] is None else f"{st['median_s']:.1f} s"

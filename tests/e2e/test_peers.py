@@ -120,6 +120,10 @@ def test_summary_holds_spreads_and_within_repeat_ratios(bench):
         expected = ("met" if ratio["max"] <= ratio["target"] else "missed" if ratio["min"] > ratio["target"]
                     else "unresolved")
         assert ratio["verdict"] == expected and ratio["met"] == (expected == "met")
+        # with few repeats the median's interval is their whole range, and reads the same
+        interval = ratio["median_interval"]
+        assert (interval["low"], interval["high"]) == (ratio["min"], ratio["max"])
+        assert ratio["median_verdict"] == expected
     # in turns, quiet is the load measured beside the sides, not the steps' spread
     noise = summary["noise"]
     assert 0.0 <= noise["step_noise_median"] and noise["measured"] == "other_cores"

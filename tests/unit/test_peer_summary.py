@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from replay_pipeline.benchmarks.peers import repeat_figures, summarise, verdict
+from replay_pipeline.benchmarks.peers import median_interval, repeat_figures, report, summarise, verdict
 from replay_pipeline.benchmarks.turns import CORES
 
 
@@ -124,3 +124,43 @@ def test_step_noise_is_the_interquartile_range_over_the_median():
     noisy = [record([0.1, 0.2, 0.3, 0.4, 0.5], [0.0] * 5, [0.0] * 5)] * 2
     s = summarise({"bare": noisy})
     assert s["noise"]["step_noise_median"] == pytest.approx(2 / 3) and not s["noise"]["quiet"]
+
+
+@pytest.mark.parametrize("n, k, coverage", [(1, 1, 0.0), (3, 1, 0.75), (5, 1, 0.9375), (8, 1, 0.9921875),
+                                            (9, 2, 1 - 20 / 512), (10, 2, 1 - 22 / 1024), (20, 6, None)])
+def test_the_medians_interval_is_the_kth_smallest_to_kth_largest(n, k, coverage):
+    values = [float(x) for x in range(n, 0, -1)]  # given in any order
+    interval = median_interval(values)
+    assert (interval["low"], interval["high"]) == (float(k), float(n + 1 - k))
+    if coverage is not None:
+        assert interval["coverage"] == pytest.approx(coverage)
+    assert interval["coverage"] >= 0.9375 or k == 1
+    with pytest.raises(ValueError):
+        median_interval([])
+
+
+def test_nine_repeats_get_an_interval_and_its_own_verdict():
+    # the 2026-12-05 13:37 run's ours/bare ratios: every-repeat rule unresolved, the median's
+    # 96% interval [1.045, 1.088] straddles 1.05 too, with the median (1.076) over it
+    ratios = [1.064, 1.032, 1.072, 1.088, 1.076, 1.076, 1.130, 1.045, 1.079]
+    ours = [record([r] * 3, [0.1] * 3, [0.1] * 3, startup=7.0) for r in ratios]
+    bare = [record([1.0] * 3, [0.1] * 3, [0.1] * 3) for _ in ratios]
+    r = summarise({"ours": ours, "bare": bare})["ratios"]["bare"]
+    assert r["verdict"] == "unresolved" and r["median"] == pytest.approx(1.076)
+    assert (r["median_interval"]["low"], r["median_interval"]["high"]) == pytest.approx((1.045, 1.088))
+    assert r["median_verdict"] == "unresolved"
+    narrow = summarise({"ours": [record([x - 0.04] * 3, [0.1] * 3, [0.1] * 3, startup=7.0) for x in ratios],
+                        "bare": bare})["ratios"]["bare"]
+    assert narrow["verdict"] == "unresolved" and narrow["median_verdict"] == "met"  # 1.005-1.048: one outlier left out
+
+
+def test_the_report_prints_the_medians_interval_under_each_ratio():
+    ratios = [1.064, 1.032, 1.072, 1.088, 1.076, 1.076, 1.130, 1.045, 1.079]
+    records = {"ours": [record([r] * 3, [0.1] * 3, [0.1] * 3, startup=7.0) for r in ratios],
+               "bare": [record([1.0] * 3, [0.1] * 3, [0.1] * 3) for _ in ratios]}
+    settings = {"repeats": 9, "steps": 3, "prompts_per_step": 8, "group_size": 8, "lr": 3e-5, "max_new_tokens": 6,
+                "seed": 0, "slice_seconds": 2.0, "temperature": 1.0, "torch_threads": 2}
+    text = report({"settings": settings, "summary": summarise(records), "records": records, "json_path": "p.json",
+                   "png_path": "p.png", "mlflow_run_id": "r", "mlflow_uri": "sqlite:///m.db"})
+    line = next(x for x in text.splitlines() if "the median's" in x)
+    assert "96% interval [1.045-1.088]: straddles the target (the median misses it)" in line
