@@ -53,7 +53,7 @@ repeats' distribution with probability 1 - 2 / 2^n: 75% with 3 repeats, 94% with
 README's figures); a median that happens to fall on the right side of the target while the
 repeats disagree is not quoted as a result (a drifting machine gave ours/TRL 0.907 with repeats
 0.815-1.435). Each ratio also gets the median's distribution-free interval (`median_interval`:
-the k-th smallest to the k-th largest repeat, at least 93.75% coverage; min-max up to 5
+the k-th smallest to the k-th largest repeat, at least 93.75% coverage; min-max up to 8
 repeats, narrower with more) and that interval's verdict (`median_verdict`), printed under
 it: with 9 repeats one repeat on each side may fall outside it. What spreads a repeat's ratio
 is mostly how few steps its medians rest on: single steps of the same code vary by 10-20% on this machine from one second to the next (the same
@@ -217,7 +217,7 @@ def median_interval(values: Sequence[float], coverage: float = MEDIAN_COVERAGE) 
     """The distribution-free interval for the median of what the values were drawn from: the
     k-th smallest and k-th largest value, k the largest that still covers the median with
     probability >= `coverage` (1 - 2 P(Binomial(n, 1/2) < k)); k = 1 (min and max) when no k
-    does. With the default, min-max (93.75%) up to 5 values, the 2nd smallest to the 2nd
+    does. With the default, min-max up to 8 values (93.75% for 5), the 2nd smallest to the 2nd
     largest (96.1%) for 9."""
     ordered, n = sorted(values), len(values)
     if not n:
