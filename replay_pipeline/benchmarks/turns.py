@@ -58,8 +58,8 @@ Pause = tuple[float, float]
 @dataclass
 class Turned:
     """One command's run in turns: wall seconds from launch to exit (pauses included), its
-    pauses (epoch seconds, stop to continue), how many turns it had, and over the turns that
-    ended in a stop the machine's CPU time (core-seconds) and the part of it spent by processes
+    pauses (epoch seconds, from the stop confirmed to the SIGCONT: inside the real stop), how
+    many turns it had, and over the turns that ended in a stop the machine's CPU time (core-seconds) and the part of it spent by processes
     other than this command's tree and the caller (`other_cpu`: the machine's load beside it)."""
     seconds: float = 0.0
     pauses: list[Pause] = field(default_factory=list)
@@ -190,8 +190,10 @@ def take_turns(jobs: Sequence[tuple[str, list[str], Path]], slice_seconds: float
                     procs[name] = subprocess.Popen(command, stdout=logs[name], stderr=subprocess.STDOUT,
                                                    stdin=subprocess.DEVNULL)
                 else:
-                    continue_tree(stopped.pop(name))
+                    # a pause is stamped inside the stop: from its confirmation to the SIGCONT
+                    # (a stopped process cannot stamp anything inside it, however late signals land)
                     turned.pauses[-1] = (turned.pauses[-1][0], time.time())
+                    continue_tree(stopped.pop(name))
                 turned.turns += 1
                 before = _sample(procs[name].pid)
                 alone = len(jobs) - len(ended) == 1
@@ -203,8 +205,8 @@ def take_turns(jobs: Sequence[tuple[str, list[str], Path]], slice_seconds: float
                     if alone or time.perf_counter() - began[name] - turned.paused_seconds >= timeout:
                         _fail(name, "timeout", log_path, began[name])
                     busy, total, theirs = (b - a for a, b in zip(before, _sample(procs[name].pid)))
-                    turned.pauses.append((time.time(), float("nan")))
                     stopped[name] = stop_tree(procs[name].pid)
+                    turned.pauses.append((time.time(), float("nan")))
                     turned.machine_cpu += total
                     turned.other_cpu += max(busy - theirs, 0.0)
                     continue
