@@ -56,8 +56,9 @@ repeats disagree is not quoted as a result (a drifting machine gave ours/TRL 0.9
 the k-th smallest to the k-th largest repeat, at least 93.75% coverage; min-max up to 8
 repeats, narrower with more) and that interval's verdict (`median_verdict`), printed under
 it: with 9 repeats one repeat on each side may fall outside it. What spreads a repeat's ratio
-is mostly how few steps its medians rest on: single steps of the same code vary by 10-20% on this machine from one second to the next (the same
-side, even within a turn), so `--steps` narrows the repeats more than turns alone do.
+is mostly how few steps its medians rest on: single steps of the same code vary by 10-20% on
+this machine from one second to the next (the same side, even within a turn), so `--steps`
+narrows the repeats more than turns alone do.
 
 Noise (`noise`): whether the machine was quiet, and how much one step varies.
 - In turns, measured: the cores that processes other than the sides (and this one) kept busy

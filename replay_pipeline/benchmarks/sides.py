@@ -225,7 +225,8 @@ def load_side_policy(cfg, log: Callable[[str], Any] = print):
 
 # ------------------------------------------------------------------ our side
 def _history(client, run_id: str, key: str) -> dict[int, float]:
-    return {int(m.step): float(m.value) for m in client.get_metric_history(run_id, key)}
+    """A metric's value at each step (`_timed_history` without the timestamps)."""
+    return _timed_history(client, run_id, key)[0]
 
 
 def _timed_history(client, run_id: str, key: str) -> tuple[dict[int, float], dict[int, float]]:

@@ -20,8 +20,10 @@ Rules:
   that escapes the stop (a process inside fork() stops when the fork returns: seen once in the
   tests before the wait).
 - A side that is the last one running is not stopped again; it runs to its end.
-- Pause windows are recorded conservatively: from just before the stop to just after the
-  continue (`time.time()`, the clock the sides stamp their steps with).
+- Pause windows are recorded inside the real stop: from the moment every process of the tree
+  is seen stopped to just before the SIGCONT (`time.time()`, the clock the sides stamp their
+  steps with), so no stamp a side makes can fall inside one, however late a signal lands. A
+  step that ran across a stop still overlaps its window, so `kept_steps` drops it.
 - A side that fails, or runs longer than `timeout` seconds of its own (pauses not counted),
   fails the whole run; every other side's tree is continued and killed first, so no stopped
   process is left behind (also on Ctrl-C and SIGTERM, which raises `Terminated` meanwhile; a
@@ -59,8 +61,9 @@ Pause = tuple[float, float]
 class Turned:
     """One command's run in turns: wall seconds from launch to exit (pauses included), its
     pauses (epoch seconds, from the stop confirmed to the SIGCONT: inside the real stop), how
-    many turns it had, and over the turns that ended in a stop the machine's CPU time (core-seconds) and the part of it spent by processes
-    other than this command's tree and the caller (`other_cpu`: the machine's load beside it)."""
+    many turns it had, and over the turns that ended in a stop the machine's CPU time
+    (core-seconds) and the part of it spent by processes other than this command's tree and the
+    caller (`other_cpu`: the machine's load beside it)."""
     seconds: float = 0.0
     pauses: list[Pause] = field(default_factory=list)
     turns: int = 0
