@@ -1,7 +1,7 @@
 """Performance side by side, interleaved: our no-buffer loop, TRL's GRPOTrainer and a bare
 torch loop on the same warm start, prompts, shapes and settings, alternated in blocks.
 
-    python -m replay_pipeline.benchmarks.peers                              # 40 steps, 3 repeats
+    python -m replay_pipeline.benchmarks.peers                              # 120 steps, 3 repeats
     python -m replay_pipeline.benchmarks.peers --steps 60 --repeats 5 --root /tmp/peers
     python -m replay_pipeline.benchmarks.peers --sides ours,bare algo.lr=6e-5
 
@@ -28,7 +28,10 @@ How it runs:
    machine's speed drifts by 10-15% over such spans);
 4. per side and repeat, the median seconds per learner step and the generation / training /
    pipeline split (the medians of each part) over the steps no pause touched (neither the step
-   nor the one before it, which resumes on caches the others evicted), start-up (process
+   nor the one before it, which resumes on caches the others evicted) and that lie in the
+   repeat's **shared window**, the stretch of wall time in which every side was taking steps
+   (`apply_window`; over every step no pause touched when a side has fewer than
+   MIN_WINDOW_STEPS there, and the summary's `steps_compared` says which and why), start-up (process
    creation to the first step, less the step-0 evaluation and the pauses), evaluation cost
    (the evaluations no pause touched); per side, the median of the repeats' figures with their
    min and max; the ratios ours/trl and ours/bare taken within each repeat, with their
@@ -82,6 +85,18 @@ Decisions:
   timestamps of the round metrics, logged right after each round) and `apply_turns` drops or
   corrects what a pause touched. Turns of 2 s hold about a dozen default steps; about two
   steps a turn are dropped.
+- The shared window (since 2026-12-05, 16:30): turns put the sides on the same minute only
+  while all of them are taking steps. Ours starts its steps last (the longest start-up) and ends
+  them last (its evaluations take longer), and after the others have ended it ran on alone, so
+  over every step its first and last ones had no counterpart, and this machine's speed drifts
+  within a minute (at 13:37 every process's steps went from ~130 to ~166 ms a minute into a
+  repeat). Found in an ablation of three flows and three bare loops in the same turns: over every
+  step the bare loops differed from each other by up to 8% within a repeat, over the window by
+  at most 2.5%; the ratio of the flows to the bare loops went from 1.04-1.13 to 1.01-1.07.
+  The ratio over every step stays in the summary (`every_step` under each ratio) as the control:
+  the 13:37 9-repeat run read ours/bare 1.076 over every step and 1.058 over the window,
+  ours/trl 0.983 and 0.962. The window was chosen on those earlier runs; the README's figures
+  come from a run after it.
 - The order within a block stays ours, trl, bare (A B C A B C): with at least 3 repeats each
   side has neighbours on both sides in time; the per-repeat ratios show a drift if there is one.
 - Accuracy is deterministic per side under the seed; `accuracy_repeatable` says whether every
@@ -103,7 +118,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from replay_pipeline.benchmarks.sides import (EXPERIMENT, BenchmarkError, _prefect_home, _remove_if_empty,
                                               _version, check_inputs, ours_command, read_ours)
-from replay_pipeline.benchmarks.turns import CORES, Turned, kept_steps, overlap, take_turns
+from replay_pipeline.benchmarks.turns import (CORES, Turned, in_window, kept_steps, overlap, shared_window,
+                                              take_turns)
 
 RESULT_JSON = "peers.json"
 RESULT_PNG = "peers.png"
@@ -127,17 +143,22 @@ FIGURES = ("step_s", "gen_s", "train_s", "other_s", "step_mean_s", "steps_total_
 #: whole process after another.
 INTERLEAVE = ("turns", "processes")
 SLICE_SECONDS = 2.0
+#: In turns, the fewest steps (no pause in them) every side of every repeat must have in the
+#: repeat's shared window (`apply_window`) for the figures to be taken over it; with fewer,
+#: they are taken over every step no pause touched, and the summary says so.
+MIN_WINDOW_STEPS = 10
 
 
 # ------------------------------------------------------------------ one side, one repeat
-def repeat_figures(record: Mapping[str, Any]) -> dict[str, float | None]:
+def repeat_figures(record: Mapping[str, Any], window: bool = False) -> dict[str, float | None]:
     """One side's figures for one repeat: medians per learner step of the step and of its
     parts (other = step - generation - training: the pipeline's own cost, 0 for TRL whose
     step is generation + training by construction), the mean and total, start-up, evaluation
     and generation cost per token, the process's wall seconds and the steps' spread
     (interquartile range over median, 0 for fewer than two steps). In turns (`apply_turns`),
-    the medians, mean and spread are over the steps no pause touched (`step_kept`), the total
-    and the process's seconds are without the pauses."""
+    the medians, mean and spread are over the steps no pause touched (`step_kept`), and with
+    `window` only those in the repeat's shared window (`step_in_window`, `apply_window`); the
+    total and the process's seconds are without the pauses."""
     steps, gen, train = record["step_seconds"], record["gen_seconds"], record["train_seconds"]
     if not steps or not (len(steps) == len(gen) == len(train)):
         raise ValueError(f"{record.get('name')}: {len(steps)} step, {len(gen)} generation and {len(train)} "
@@ -146,6 +167,11 @@ def repeat_figures(record: Mapping[str, Any]) -> dict[str, float | None]:
     if not any(kept):
         raise ValueError(f"{record.get('name')}: every one of its {len(steps)} steps was cut by a pause: "
                          "use longer --slice-seconds or more --steps")
+    if window:
+        kept = [k and w for k, w in zip(kept, record["step_in_window"])]
+        if not any(kept):
+            raise ValueError(f"{record.get('name')}: none of its steps lies in the repeat's shared window: "
+                             "use more --steps")
     total = sum(record.get("step_unpaused_seconds") or steps)
     steps, gen, train = ([x for x, k in zip(xs, kept) if k] for xs in (steps, gen, train))
     other = [max(s - g - t, 0.0) for s, g, t in zip(steps, gen, train)]
@@ -197,6 +223,33 @@ def apply_turns(record: dict[str, Any], turned: Turned) -> None:
         if p.get("ended_at") is not None and p.get("eval_seconds") is not None:
             p["eval_seconds"] -= overlap(p["ended_at"] - p["eval_seconds"], p["ended_at"], pauses)
     record["eval_seconds"] = sum(p["eval_seconds"] for p in record["evals"] if p.get("eval_seconds") is not None)
+
+
+def apply_window(records: Sequence[dict[str, Any]]) -> None:
+    """The sides of one repeat in turns, in place: `window` (epoch seconds, or None), the
+    stretch in which every side was taking steps (turns.shared_window), and `step_in_window`
+    (each step inside it) and `window_steps` (the steps no pause touched inside it) on each."""
+    window = shared_window([(r["step_ended_at"], r["step_seconds"]) for r in records])
+    for r in records:
+        r["window"] = None if window is None else list(window)
+        r["step_in_window"] = in_window(r["step_ended_at"], r["step_seconds"], window)
+        r["window_steps"] = sum(k and w for k, w in zip(r["step_kept"], r["step_in_window"]))
+
+
+def window_estimator(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[bool, str]:
+    """Whether the figures are taken over the shared windows (every side of every repeat has at
+    least MIN_WINDOW_STEPS steps no pause touched in its repeat's window), and why (or why not)."""
+    if not all("step_in_window" in r for recs in records.values() for r in recs):
+        return False, "the sides ran one after another (--interleave processes): there is no shared window"
+    short = [(side, r.get("repeat", i + 1), r["window_steps"]) for side, recs in records.items()
+             for i, r in enumerate(recs) if r["window_steps"] < MIN_WINDOW_STEPS]
+    if short:
+        side, repeat, n = min(short, key=lambda x: x[2])
+        return False, (f"{side} had {n} measured steps in repeat {repeat}'s shared window (fewer than "
+                       f"{MIN_WINDOW_STEPS}): over every step no pause touched instead; more --steps widen the window")
+    fewest = min(r["window_steps"] for recs in records.values() for r in recs)
+    return True, (f"over the stretch of each repeat in which every side was taking steps (at least {fewest} "
+                  "steps a side and repeat)")
 
 
 def _relative_iqr(values: Sequence[float]) -> float:
@@ -251,7 +304,9 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
     if len(repeats) != 1 or not repeats.pop():
         raise ValueError(f"every side needs the same number (>= 1) of repeats: {({k: len(v) for k, v in records.items()})}")
     out: dict[str, Any] = {"sides": {}, "ratios": {}}
-    per_repeat = {side: [repeat_figures(r) for r in recs] for side, recs in records.items()}
+    windowed, why = window_estimator(records)
+    out["steps_compared"] = {"shared_window": windowed, "why": why, "min_window_steps": MIN_WINDOW_STEPS}
+    per_repeat = {side: [repeat_figures(r, windowed) for r in recs] for side, recs in records.items()}
     for side, figures in per_repeat.items():
         accuracies = [[p["accuracy"] for p in r["evals"]] for r in records[side]]
         out["sides"][side] = {
@@ -273,6 +328,10 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
                 out["ratios"][peer] = {**spread, "per_repeat": ratios, "target": target, "verdict": judged,
                                        "met": judged == "met", "median_interval": interval,
                                        "median_verdict": verdict(interval["low"], interval["high"], target)}
+                if windowed:  # the control: the same ratio over every step no pause touched
+                    every = [repeat_figures(a)["step_s"] / repeat_figures(b)["step_s"]
+                             for a, b in zip(records["ours"], records[peer])]
+                    out["ratios"][peer]["every_step"] = {**_spread(every), "per_repeat": every}
         startup = out["sides"]["ours"]["startup_s"]
         judged = verdict(startup["min"], startup["max"], STARTUP_TARGET_S, strict=True) if startup else "missed"
         out["startup"] = {"target_s": STARTUP_TARGET_S, "median_s": startup and startup["median"],
@@ -378,7 +437,7 @@ def report(result: Mapping[str, Any]) -> str:
     row("  training", "train_s")
     row("  pipeline (the rest)", "other_s")
     row("ms / learner step, mean", "step_mean_s")
-    row("steps measured (no pause in them)", "steps_kept", 1.0, "{:.0f}")
+    row("steps measured", "steps_kept", 1.0, "{:.0f}")
     row("start-up to the first step, s", "startup_s", 1.0)
     row("process wall seconds", "process_s", 1.0, "{:.0f}")
     row("  outside steps and greedy evals, s", "outside_s", 1.0, "{:.0f}")
@@ -407,6 +466,9 @@ def report(result: Mapping[str, Any]) -> str:
                      f"(interquartile range / median, median over sides and repeats): "
                      + ("quiet" if noise["quiet"] else
                         f"NOT QUIET (over {100 * noise['quiet_at_most']:.0f}%): these figures are not for quoting"))
+    compared = summary.get("steps_compared")
+    if compared:
+        lines.append(f"  steps compared: {compared['why']}")
     for peer, r in summary["ratios"].items():
         each = ", ".join(f"{x:.3f}" for x in r["per_repeat"])
         lines.append(f"  ours / {peer}, seconds per step: {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}] "
@@ -415,6 +477,10 @@ def report(result: Mapping[str, Any]) -> str:
             iv = r["median_interval"]
             lines.append(f"    the median's {100 * iv['coverage']:.0f}% interval [{iv['low']:.3f}-{iv['high']:.3f}]: "
                          f"{_median_said(r['median_verdict'], r['median'], r['target'])}")
+        if "every_step" in r:
+            e = r["every_step"]
+            lines.append(f"    over every step no pause touched (the same repeats, outside the shared window too): "
+                         f"{e['median']:.3f} [{e['min']:.3f}-{e['max']:.3f}]")
     if "startup" in summary:
         st = summary["startup"]
         shown = "-" if st["median_s"] is None else f"{st['median_s']:.1f} s"
@@ -561,7 +627,11 @@ def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | 
                 record["repeat"] = r + 1
                 apply_turns(record, turned[side])
                 records[side].append(record)
-                figures = repeat_figures(record)
+            if interleave == "turns":
+                apply_window([records[side][-1] for side in sides])
+            windowed = window_estimator({side: records[side][-1:] for side in sides})[0]
+            for side in sides:  # this repeat's figures, as the summary will take them if every repeat agrees
+                figures = repeat_figures(records[side][-1], windowed)
                 tracker.log_metrics({f"{side}/{k}": v for k, v in figures.items() if v is not None}, step=r + 1)
         summary = summarise(records)
         result = {"settings": settings, "summary": summary, "records": records, "out_dir": str(out_dir),
@@ -576,6 +646,8 @@ def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | 
             tracker.log_metrics({f"{side}/{k}_median": v["median"] for k, v in summary["sides"][side].items()
                                  if isinstance(v, dict) and "median" in v}, step=steps)
         tracker.log_metrics({f"ratio/ours_over_{peer}": r["median"] for peer, r in summary["ratios"].items()}
+                            | {f"ratio_every_step/ours_over_{peer}": r["every_step"]["median"]
+                               for peer, r in summary["ratios"].items() if "every_step" in r}
                             | {"noise/step_noise_median": summary["noise"]["step_noise_median"]}
                             | ({"noise/other_cores": summary["noise"]["other_cores"]}
                                if "other_cores" in summary["noise"] else {}), step=steps)
@@ -602,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m replay_pipeline.benchmarks.peers",
         description="Our no-buffer loop, TRL's GRPOTrainer and a bare torch loop, interleaved: seconds per "
                     "learner step with their split, start-up, and held-out accuracy against compute.")
-    parser.add_argument("--steps", type=int, default=40, help="learner steps a side and repeat (default 40)")
+    parser.add_argument("--steps", type=int, default=120,
+                        help="learner steps a side and repeat (default 120: about 60 a side in the shared window)")
     parser.add_argument("--repeats", type=int, default=3, help="blocks of every side (default 3)")
     parser.add_argument("--sides", type=_sides_arg, default=list(SIDES), help="comma-separated, in block order "
                         "(default ours,trl,bare)")

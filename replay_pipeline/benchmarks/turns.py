@@ -39,6 +39,15 @@ What the pauses do to a side's figures (`overlap`, `kept_steps`) is for the call
 kept only when no pause touched it or the step before it (the step that resumes a turn runs on
 caches the other sides evicted); a window's seconds (start-up, an evaluation, the whole
 process) are counted without the pauses inside it.
+
+Turns spread the sides over the same minute only while all of them are taking steps. A side
+with a longer start-up begins its steps later, one with more to do between steps (evaluations)
+ends them later, and after the others have ended it runs on its own, cycle after cycle: its
+first and last steps have no counterpart on the other sides, and this machine's speed drifts
+over such spans (on 2026-12-05 every process's steps went from ~130 to ~166 ms within a few
+seconds, a minute into a repeat, and stayed there). `shared_window` is the stretch of wall time
+in which every command was taking steps (from the latest first step's start to the earliest
+last step's end) and `in_window` the steps inside it: the caller compares the sides over it.
 """
 
 from __future__ import annotations
@@ -258,6 +267,27 @@ def _fail(name: str, code: Any, log_path: Path, began: float) -> None:
 def overlap(start: float, end: float, pauses: Sequence[Pause]) -> float:
     """Seconds of `pauses` inside [start, end]."""
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in pauses)
+
+
+def shared_window(sides: Sequence[tuple[Sequence[float], Sequence[float]]]) -> Pause | None:
+    """For commands whose steps ended at `ends` after `seconds` each ((ends, seconds) per
+    command): the stretch of wall time in which every one of them was taking steps, from the
+    latest first step's start to the earliest last step's end; None when one has no step or
+    the stretch is empty."""
+    if not sides or any(not ends for ends, _ in sides):
+        return None
+    start = max(min(e - s for e, s in zip(ends, seconds)) for ends, seconds in sides)
+    end = min(max(ends) for ends, _ in sides)
+    return (start, end) if start < end else None
+
+
+def in_window(ends: Sequence[float], seconds: Sequence[float], window: Pause | None) -> list[bool]:
+    """For steps that ended at `ends` after `seconds` each: True where the whole step lies in
+    `window` (all False when there is none)."""
+    if window is None:
+        return [False] * len(ends)
+    start, end = window
+    return [e - s >= start and e <= end for e, s in zip(ends, seconds)]
 
 
 def kept_steps(ends: Sequence[float], seconds: Sequence[float], pauses: Sequence[Pause]) -> list[bool]:

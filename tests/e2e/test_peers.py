@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from replay_pipeline.benchmarks.peers import RESULT_JSON, RESULT_PNG, SIDES, main
+from replay_pipeline.benchmarks.peers import MIN_WINDOW_STEPS, RESULT_JSON, RESULT_PNG, SIDES, main
 from replay_pipeline.benchmarks.sides import EXPERIMENT
 from replay_pipeline.resume import resolve_config
 from tests.conftest import TEST_THREADS, TINY_OVERRIDES
@@ -124,6 +124,21 @@ def test_summary_holds_spreads_and_within_repeat_ratios(bench):
         interval = ratio["median_interval"]
         assert (interval["low"], interval["high"]) == (ratio["min"], ratio["max"])
         assert ratio["median_verdict"] == expected
+    # each repeat's shared window (the stretch every side was taking steps) is on every record;
+    # 3 steps a side leave fewer than MIN_WINDOW_STEPS in it, so every step no pause touched is
+    # compared, and the summary says so and why
+    for repeat in range(REPEATS):
+        records = [result["records"][side][repeat] for side in SIDES]
+        assert len({str(r["window"]) for r in records}) == 1
+        for r in records:
+            assert len(r["step_in_window"]) == STEPS and r["window_steps"] <= sum(r["step_in_window"])
+            if r["window"] is not None:
+                start, end = r["window"]
+                assert start < end and all(e <= end for e, w in zip(r["step_ended_at"], r["step_in_window"]) if w)
+    compared = summary["steps_compared"]
+    assert compared["min_window_steps"] == MIN_WINDOW_STEPS > STEPS
+    assert not compared["shared_window"] and "--steps" in compared["why"]
+    assert all("every_step" not in summary["ratios"][peer] for peer in ("trl", "bare"))
     # in turns, quiet is the load measured beside the sides, not the steps' spread
     noise = summary["noise"]
     assert 0.0 <= noise["step_noise_median"] and noise["measured"] == "other_cores"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from replay_pipeline.benchmarks.peers import median_interval, repeat_figures, report, summarise, verdict
+from replay_pipeline.benchmarks.peers import (MIN_WINDOW_STEPS, apply_window, median_interval, repeat_figures, report,
+                                             summarise, verdict)
 from replay_pipeline.benchmarks.turns import CORES
 
 
@@ -164,3 +165,68 @@ def test_the_report_prints_the_medians_interval_under_each_ratio():
                    "png_path": "p.png", "mlflow_run_id": "r", "mlflow_uri": "sqlite:///m.db"})
     line = next(x for x in text.splitlines() if "the median's" in x)
     assert "96% interval [1.045-1.088]: straddles the target (the median misses it)" in line
+
+
+def _timed(seconds, start):
+    """A record of steps of `seconds` back to back from epoch second `start`, none cut by a pause."""
+    ends, t = [], start
+    for x in seconds:
+        t += x
+        ends.append(t)
+    r = record(seconds, [x / 2 for x in seconds], [x / 4 for x in seconds])
+    return r | {"step_ended_at": ends, "step_kept": [True] * len(seconds),
+                "evals": [e | {"clean": False} for e in r["evals"]]}
+
+
+def _drifting_repeat():
+    """ours starts its steps 3 s after the bare loop and runs on alone for 6 s after it; the
+    machine slows from 0.10 to 0.13 s a step (both sides) 6 s after the start. In the stretch
+    both were stepping ours is 1.05x the bare loop at either speed."""
+    bare = _timed([0.100] * 60 + [0.130] * 40, 0.0)  # 0-6 s fast, 6-11.2 s slow
+    ours = _timed([0.105] * 28 + [0.1365] * 100, 3.0)  # 3-5.94 s fast, then slow to 17.6 s
+    return ours, bare
+
+
+def test_sides_are_compared_over_the_stretch_they_were_all_taking_steps():
+    ours, bare = _drifting_repeat()
+    apply_window([ours, bare])
+    assert ours["window"] == bare["window"] == pytest.approx([3.0, 11.2])
+    assert ours["window_steps"] >= MIN_WINDOW_STEPS and bare["window_steps"] == 70  # its steps from 3 s on
+    s = summarise({"ours": [ours], "bare": [bare]})
+    assert s["steps_compared"]["shared_window"] and "at least" in s["steps_compared"]["why"]
+    # ours' window steps: 28 fast (0.105) and 40 slow (0.1365): median slow; bare's: 30 fast, 40 slow
+    assert s["ratios"]["bare"]["per_repeat"] == pytest.approx([1.05])
+    # over every step, ours' slow run on its own after the bare loop ended tips it to 1.365
+    assert s["ratios"]["bare"]["every_step"]["per_repeat"] == pytest.approx([0.1365 / 0.100])
+    assert s["sides"]["bare"]["steps_kept"]["median"] == 70
+    text = report({"settings": {"repeats": 1, "steps": 100, "prompts_per_step": 8, "group_size": 8,
+                                "temperature": 1.0, "max_new_tokens": 6, "lr": 1e-4, "torch_threads": 2, "seed": 0},
+                   "summary": s, "json_path": "j", "png_path": "p", "mlflow_run_id": "r", "mlflow_uri": "u"})
+    assert "steps compared: over the stretch of each repeat in which every side was taking steps" in text
+    assert "over every step no pause touched (the same repeats, outside the shared window too): 1.365" in text
+
+
+def test_too_short_a_shared_window_falls_back_to_every_step_and_says_why():
+    ours, bare = _drifting_repeat()
+    ours = _timed([0.105] * 20, 10.5)  # its steps overlap the bare loop's only in 10.5-11.2 s
+    apply_window([ours, bare])
+    assert ours["window_steps"] < MIN_WINDOW_STEPS
+    s = summarise({"ours": [ours], "bare": [bare]})
+    compared = s["steps_compared"]
+    # the side with the fewest is named: the bare loop, 5 steps in 10.5-11.2 s (ours 6)
+    assert not compared["shared_window"] and "bare had 5 measured steps in repeat 1" in compared["why"]
+    assert "--steps" in compared["why"] and ours["window_steps"] == 6
+    assert s["ratios"]["bare"]["per_repeat"] == pytest.approx([0.105 / 0.100])  # every step: medians 0.105, 0.100
+    assert "every_step" not in s["ratios"]["bare"]
+    # no window at all: none of a side's steps is inside, the repeat still summarises over every step
+    late = _timed([0.105] * 20, 50.0)
+    apply_window([late, bare])
+    assert late["window"] is None and late["window_steps"] == 0
+    assert not summarise({"ours": [late], "bare": [bare]})["steps_compared"]["shared_window"]
+    with pytest.raises(ValueError, match="shared window"):
+        repeat_figures(late, window=True)
+
+
+def test_processes_one_after_another_have_no_shared_window():
+    s = summarise({"ours": [record([0.1], [0.05], [0.05])], "bare": [record([0.1], [0.05], [0.05])]})
+    assert not s["steps_compared"]["shared_window"] and "one after another" in s["steps_compared"]["why"]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from replay_pipeline.benchmarks.peers import apply_turns, repeat_figures
-from replay_pipeline.benchmarks.turns import Turned, kept_steps, overlap, process_tree, take_turns
+from replay_pipeline.benchmarks.turns import (Turned, in_window, kept_steps, overlap, process_tree, shared_window,
+                                              take_turns)
 
 # Busy for RUN_S seconds of its own running time (wall time it was stopped does not count),
 # stamping time.time() every ~2 ms into argv[1]; with argv[2] == "child", a child process
@@ -117,6 +118,20 @@ def test_overlap_and_kept_steps():
     # steps of 1 s ending at 9, 10.5 (cut), 13.5, 14.5 (the one after the cut one), 15.5
     ends, seconds = [9.0, 13.0, 14.0, 15.0, 16.0], [1.0, 3.5, 1.0, 1.0, 1.0]
     assert kept_steps(ends, seconds, pauses) == [True, False, False, True, True]
+
+
+def test_the_shared_window_is_where_every_side_was_taking_steps():
+    # side a steps from 1 to 10, side b from 3 to 14 (it started later and ended later)
+    a = ([2.0, 4.0, 6.0, 8.0, 10.0], [1.0] * 5)
+    b = ([4.0, 6.0, 9.0, 12.0, 14.0], [1.0, 2.0, 1.0, 1.0, 2.0])
+    assert shared_window([a, b]) == (3.0, 10.0)
+    assert shared_window([b, a]) == (3.0, 10.0)
+    assert in_window(*a, (3.0, 10.0)) == [False, True, True, True, True]  # step 1 began at 1.0
+    assert in_window(*b, (3.0, 10.0)) == [True, True, True, False, False]  # the last two end after 10
+    # one side ended before the other began; a side without steps; no side
+    assert shared_window([([2.0, 3.0], [1.0, 1.0]), ([5.0, 6.0], [1.0, 1.0])]) is None
+    assert shared_window([a, ([], [])]) is None and shared_window([]) is None
+    assert in_window(*a, None) == [False] * 5
 
 
 def _record():
