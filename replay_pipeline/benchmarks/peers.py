@@ -85,11 +85,11 @@ Decisions:
   timestamps of the round metrics, logged right after each round) and `apply_turns` drops or
   corrects what a pause touched. Turns of 2 s hold about a dozen default steps; about two
   steps a turn are dropped.
-- The shared window (since 2026-12-05, 16:30): turns put the sides on the same minute only
+- The shared window (since 2026-12-05, 15:50): turns put the sides on the same minute only
   while all of them are taking steps. Ours starts its steps last (the longest start-up) and ends
   them last (its evaluations take longer), and after the others have ended it ran on alone, so
   over every step its first and last ones had no counterpart, and this machine's speed drifts
-  within a minute (at 13:37 every process's steps went from ~130 to ~166 ms a minute into a
+  within a minute (in a 15:30 ablation every process's steps went from ~130 to ~166 ms a minute into a
   repeat). Found in an ablation of three flows and three bare loops in the same turns: over every
   step the bare loops differed from each other by up to 8% within a repeat, over the window by
   at most 2.5%; the ratio of the flows to the bare loops went from 1.04-1.13 to 1.01-1.07.

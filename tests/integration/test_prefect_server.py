@@ -3,16 +3,23 @@
 Its idle loop services are off (IDLE_SERVICES), read back from the server's own settings
 (`GET /api/admin/settings`); the services that record a run stay on, so a flow's task run is
 in the server's database and its state is Completed; a setting in the environment wins; a new
-PREFECT_HOME starts from the migrated template database and an existing database is kept."""
+PREFECT_HOME starts from the migrated template database and an existing database is kept. The
+task-run recorder writes in batches (RECORDER_BATCH), and a batch it holds is written when the
+server stops: stopped by its trainer, or by its watchdog after the trainer was killed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from flows import prefect_server
@@ -107,3 +114,93 @@ def test_a_new_home_starts_from_the_migrated_template_and_an_existing_database_i
     assert [(f["name"], f["id"]) for f in again] == [(f["name"], f["id"]) for f in first]
     with contextlib.closing(sqlite3.connect(tmp_path / "a" / "prefect.db")) as db:
         assert not db.execute("SELECT name FROM sqlite_master WHERE name = 'template_marker'").fetchall()
+
+
+def _recorded(home: Path) -> list[tuple[str, str]]:
+    """(task name, state type) of every task run in the server's database at `home`."""
+    with contextlib.closing(sqlite3.connect(home / "prefect.db")) as db:
+        return [(name.split("-")[0], state) for name, state in db.execute("SELECT name, state_type FROM task_run")]
+
+
+#: Only the server's stop writes the recorder's batch (a setting in the environment wins).
+_HOLD = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "600"}
+
+#: A trainer in a process of its own (one server per process, as `python -m flows.train`): runs
+#: a flow of one task on its private server, says the server's pid and API, and waits for a line
+#: on stdin, then exits (its server is stopped at exit), unless the test kills it first.
+_TRAINER = """
+import sys, time
+from flows import prefect_server
+from prefect import flow, task
+from prefect.events.worker import EventsWorker
+
+@task
+def double(x):
+    return 2 * x
+
+@flow
+def tiny():
+    return double(21)
+
+prefect_server.launch()
+with prefect_server.temporary_server() as url:
+    assert tiny(return_state=True).is_completed()
+    EventsWorker.drain_all(timeout=60)  # the client has sent the task run's events
+    time.sleep(3)  # one at a time, they would be written by now
+    print(prefect_server._server.pid, url, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _trainer(tmp_path: Path) -> tuple[subprocess.Popen, int, str, Path]:
+    """The trainer started and its flow run: (process, its server's pid, API, PREFECT_HOME)."""
+    home = tmp_path / "home"
+    env = {**os.environ, "PREFECT_HOME": str(home), **_HOLD}
+    env.pop("PREFECT_API_URL", None)
+    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env=env, cwd=Path(__file__).resolve().parents[2], text=True)
+    pid, url = trainer.stdout.readline().split()
+    return trainer, int(pid), url, home
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pid: int, since: float) -> float:
+    """Seconds from `since` until the server `pid` has exited (fails past STOP_GRACE_S + 10)."""
+    while not _gone(pid):
+        assert time.monotonic() - since < prefect_server.STOP_GRACE_S + 10, "the server outlived its trainer"
+        time.sleep(0.1)
+    return time.monotonic() - since
+
+
+def test_task_run_states_are_batched_and_written_when_the_trainer_stops_its_server(tmp_path):
+    trainer, server, url, home = _trainer(tmp_path)
+    try:
+        recorder = httpx.get(f"{url}/admin/settings", timeout=10).json()["server"]["services"]["task_run_recorder"]
+        batch = int(prefect_server.RECORDER_BATCH["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"])
+        assert (recorder["batch_size"], recorder["flush_interval"]) == (batch, 600)  # the environment's wins
+        assert _recorded(home) == []  # held in the recorder's batch
+        trainer.communicate("exit\n", timeout=60)  # its exit stops the server (SIGTERM)
+        assert trainer.returncode == 0
+        assert _wait_gone(server, time.monotonic()) < prefect_server.STOP_GRACE_S
+    finally:
+        trainer.kill()
+    assert _recorded(home) == [("double", "COMPLETED")]
+
+
+def test_a_killed_trainers_server_writes_what_it_holds_and_exits(tmp_path):
+    trainer, server, _, home = _trainer(tmp_path)
+    try:
+        assert _recorded(home) == []  # held in the recorder's batch
+        trainer.kill()
+        trainer.wait()
+        # it stopped itself (the watchdog polls every 0.5 s), well before the hard exit
+        assert _wait_gone(server, time.monotonic()) < prefect_server.STOP_GRACE_S
+    finally:
+        trainer.kill()
+    assert _recorded(home) == [("double", "COMPLETED")]
