@@ -86,17 +86,17 @@ Decisions:
   corrects what a pause touched. Turns of 2 s hold about a dozen default steps; about two
   steps a turn are dropped.
 - The shared window (since 2026-12-05, 15:50): turns put the sides on the same minute only
-  while all of them are taking steps. Ours starts its steps last (the longest start-up) and ends
-  them last (its evaluations take longer), and after the others have ended it ran on alone, so
-  over every step its first and last ones had no counterpart, and this machine's speed drifts
-  within a minute (in a 15:30 ablation every process's steps went from ~130 to ~166 ms a minute into a
-  repeat). Found in an ablation of three flows and three bare loops in the same turns: over every
-  step the bare loops differed from each other by up to 8% within a repeat, over the window by
-  at most 2.5%; the ratio of the flows to the bare loops went from 1.04-1.13 to 1.01-1.07.
-  The ratio over every step stays in the summary (`every_step` under each ratio) as the control:
-  the 13:37 9-repeat run read ours/bare 1.076 over every step and 1.058 over the window,
-  ours/trl 0.983 and 0.962. The window was chosen on those earlier runs; the README's figures
-  come from a run after it.
+  while all of them are taking steps. Ours starts its steps last (the longest start-up) and
+  ends them last (its evaluations take longer), and after the others have ended it ran on
+  alone, so over every step its first and last ones had no counterpart, and this machine's
+  speed drifts within a minute (in a 15:30 ablation every process's steps went from ~130 to
+  ~166 ms a minute into a repeat). Found in an ablation of three flows and three bare loops in
+  the same turns: over every step the bare loops differed from each other by up to 8% within a
+  repeat, over the window by at most 2.5%; the ratio of the flows to the bare loops went from
+  1.04-1.13 to 1.01-1.07. The ratio over every step stays in the summary (`every_step` under
+  each ratio) as the control: the 13:37 9-repeat run read ours/bare 1.076 over every step and
+  1.058 over the window, ours/trl 0.983 and 0.962. The window was chosen on those earlier runs;
+  the README's figures come from runs after it.
 - The order within a block stays ours, trl, bare (A B C A B C): with at least 3 repeats each
   side has neighbours on both sides in time; the per-repeat ratios show a drift if there is one.
 - Accuracy is deterministic per side under the seed; `accuracy_repeatable` says whether every
