@@ -19,9 +19,10 @@ with MLflow's own name check. Values are finite floats (the tracker drops the re
 they are queued), so MLflow's NaN/inf encoding never applies.
 
 `open_writer` returns None, and the tracker keeps `log_batch`, unless both tables have exactly
-the columns this was written against and MLflow's name check is where it was (MLflow 3's schema; an MLflow that changes them falls
-back by itself, and tests/integration/test_mlflow_sqlite.py compares the two paths row for
-row). Ground floor: imports nothing of the project.
+the columns this was written against and MLflow's name check is where it was (MLflow 3's
+schema; an MLflow that changes them falls back by itself, and
+tests/integration/test_mlflow_sqlite.py compares the two paths row for row). Ground floor:
+imports nothing of the project.
 """
 
 from __future__ import annotations

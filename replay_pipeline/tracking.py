@@ -10,11 +10,12 @@ waits for the tracking store, and that thread gathers what was logged over up to
 lock and the cores with generation and training (measured: the peer benchmark, README). On a
 plain SQLite store the batch's rows go straight into MLflow's metric tables
 (replay_pipeline/mlflow_sqlite.py: MLflow's own log_batch spends 80-110 us of CPU a metric in
-its ORM, 45-60 ms a second of the default run, the rows 17 us); any other store gets `log_batch`. The MLflow UI
-then lags by at most a second. `flush()` writes at once and waits for
-them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
-metrics of the steps it covers are stored. A writer error surfaces at the next call. `NullTracker` has the same interface and does nothing, which
-keeps `if tracker:` checks out of the training loop. A new local SQLite store starts as a copy
+its ORM, 45-60 ms a second of the default run, the rows 17 us); any other store gets
+`log_batch`. The MLflow UI then lags by at most a second. `flush()` writes at once and waits
+for them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
+metrics of the steps it covers are stored. A writer error surfaces at the next call.
+`NullTracker` has the same interface and does nothing, which keeps `if tracker:` checks out of
+the training loop. A new local SQLite store starts as a copy
 of an empty migrated one (`seed_sqlite_store`, replay_pipeline.sqlite_templates).
 
 A SIGTERM or Ctrl-C that arrives while the calling thread is inside a tracking-store call is

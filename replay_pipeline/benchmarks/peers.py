@@ -31,8 +31,8 @@ How it runs:
    nor the one before it, which resumes on caches the others evicted) and that lie in the
    repeat's **shared window**, the stretch of wall time in which every side was taking steps
    (`apply_window`; over every step no pause touched when a side has fewer than
-   MIN_WINDOW_STEPS there, and the summary's `steps_compared` says which and why), start-up (process
-   creation to the first step, less the step-0 evaluation and the pauses), evaluation cost
+   MIN_WINDOW_STEPS there, and the summary's `steps_compared` says which and why), start-up
+   (process creation to the first step, less the step-0 evaluation and the pauses), evaluation cost
    (the evaluations no pause touched); per side, the median of the repeats' figures with their
    min and max; the ratios ours/trl and ours/bare taken within each repeat, with their
    median, min and max.
@@ -319,6 +319,9 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
         }
     if "ours" in per_repeat:
         ours = [f["step_s"] for f in per_repeat["ours"]]
+        # the control with the window: each side's step medians over every step no pause touched
+        every_step = ({side: [repeat_figures(r)["step_s"] for r in recs] for side, recs in records.items()}
+                      if windowed else {})
         for peer, target in RATIO_TARGETS.items():
             if peer in per_repeat:
                 ratios = [a / f["step_s"] for a, f in zip(ours, per_repeat[peer])]
@@ -328,9 +331,8 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
                 out["ratios"][peer] = {**spread, "per_repeat": ratios, "target": target, "verdict": judged,
                                        "met": judged == "met", "median_interval": interval,
                                        "median_verdict": verdict(interval["low"], interval["high"], target)}
-                if windowed:  # the control: the same ratio over every step no pause touched
-                    every = [repeat_figures(a)["step_s"] / repeat_figures(b)["step_s"]
-                             for a, b in zip(records["ours"], records[peer])]
+                if windowed:
+                    every = [a / b for a, b in zip(every_step["ours"], every_step[peer])]
                     out["ratios"][peer]["every_step"] = {**_spread(every), "per_repeat": every}
         startup = out["sides"]["ours"]["startup_s"]
         judged = verdict(startup["min"], startup["max"], STARTUP_TARGET_S, strict=True) if startup else "missed"

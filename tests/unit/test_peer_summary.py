@@ -140,10 +140,21 @@ def test_the_medians_interval_is_the_kth_smallest_to_kth_largest(n, k, coverage)
         median_interval([])
 
 
+#: The 2026-12-05 13:37 run's ours/bare ratios, 9 repeats.
+RATIOS_1337 = [1.064, 1.032, 1.072, 1.088, 1.076, 1.076, 1.130, 1.045, 1.079]
+
+
+def _report(summary, repeats, steps) -> str:
+    settings = {"repeats": repeats, "steps": steps, "prompts_per_step": 8, "group_size": 8, "lr": 3e-5,
+                "max_new_tokens": 6, "seed": 0, "slice_seconds": 2.0, "temperature": 1.0, "torch_threads": 2}
+    return report({"settings": settings, "summary": summary, "json_path": "p.json", "png_path": "p.png",
+                   "mlflow_run_id": "r", "mlflow_uri": "sqlite:///m.db"})
+
+
 def test_nine_repeats_get_an_interval_and_its_own_verdict():
-    # the 2026-12-05 13:37 run's ours/bare ratios: every-repeat rule unresolved, the median's
-    # 96% interval [1.045, 1.088] straddles 1.05 too, with the median (1.076) over it
-    ratios = [1.064, 1.032, 1.072, 1.088, 1.076, 1.076, 1.130, 1.045, 1.079]
+    # every-repeat rule unresolved, the median's 96% interval [1.045, 1.088] straddles 1.05 too,
+    # with the median (1.076) over it
+    ratios = RATIOS_1337
     ours = [record([r] * 3, [0.1] * 3, [0.1] * 3, startup=7.0) for r in ratios]
     bare = [record([1.0] * 3, [0.1] * 3, [0.1] * 3) for _ in ratios]
     r = summarise({"ours": ours, "bare": bare})["ratios"]["bare"]
@@ -156,13 +167,9 @@ def test_nine_repeats_get_an_interval_and_its_own_verdict():
 
 
 def test_the_report_prints_the_medians_interval_under_each_ratio():
-    ratios = [1.064, 1.032, 1.072, 1.088, 1.076, 1.076, 1.130, 1.045, 1.079]
-    records = {"ours": [record([r] * 3, [0.1] * 3, [0.1] * 3, startup=7.0) for r in ratios],
-               "bare": [record([1.0] * 3, [0.1] * 3, [0.1] * 3) for _ in ratios]}
-    settings = {"repeats": 9, "steps": 3, "prompts_per_step": 8, "group_size": 8, "lr": 3e-5, "max_new_tokens": 6,
-                "seed": 0, "slice_seconds": 2.0, "temperature": 1.0, "torch_threads": 2}
-    text = report({"settings": settings, "summary": summarise(records), "records": records, "json_path": "p.json",
-                   "png_path": "p.png", "mlflow_run_id": "r", "mlflow_uri": "sqlite:///m.db"})
+    records = {"ours": [record([r] * 3, [0.1] * 3, [0.1] * 3, startup=7.0) for r in RATIOS_1337],
+               "bare": [record([1.0] * 3, [0.1] * 3, [0.1] * 3) for _ in RATIOS_1337]}
+    text = _report(summarise(records), repeats=9, steps=3)
     line = next(x for x in text.splitlines() if "the median's" in x)
     assert "96% interval [1.045-1.088]: straddles the target (the median misses it)" in line
 
@@ -199,9 +206,7 @@ def test_sides_are_compared_over_the_stretch_they_were_all_taking_steps():
     # over every step, ours' slow run on its own after the bare loop ended tips it to 1.365
     assert s["ratios"]["bare"]["every_step"]["per_repeat"] == pytest.approx([0.1365 / 0.100])
     assert s["sides"]["bare"]["steps_kept"]["median"] == 70
-    text = report({"settings": {"repeats": 1, "steps": 100, "prompts_per_step": 8, "group_size": 8,
-                                "temperature": 1.0, "max_new_tokens": 6, "lr": 1e-4, "torch_threads": 2, "seed": 0},
-                   "summary": s, "json_path": "j", "png_path": "p", "mlflow_run_id": "r", "mlflow_uri": "u"})
+    text = _report(s, repeats=1, steps=128)
     assert "steps compared: over the stretch of each repeat in which every side was taking steps" in text
     assert "over every step no pause touched (the same repeats, outside the shared window too): 1.365" in text
 
