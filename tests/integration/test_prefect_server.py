@@ -4,8 +4,9 @@ Its idle loop services are off (IDLE_SERVICES), read back from the server's own 
 (`GET /api/admin/settings`); the services that record a run stay on, so a flow's task run is
 in the server's database and its state is Completed; a setting in the environment wins; a new
 PREFECT_HOME starts from the migrated template database and an existing database is kept. The
-task-run recorder writes in batches (RECORDER_BATCH), and a batch it holds is written when the
-server stops: stopped by its trainer, or by its watchdog after the trainer was killed."""
+task-run recorder writes in batches (RECORDER_BATCH), and what it and the event persister hold
+is written when the server stops: stopped by its trainer, or by its watchdog after the trainer
+was killed."""
 
 from __future__ import annotations
 
@@ -122,8 +123,19 @@ def _recorded(home: Path) -> list[tuple[str, str]]:
         return [(name.split("-")[0], state) for name, state in db.execute("SELECT name, state_type FROM task_run")]
 
 
-#: Only the server's stop writes the recorder's batch (a setting in the environment wins).
-_HOLD = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "600"}
+def _task_run_events(home: Path) -> list[str]:
+    """The task-run events in the server's database at `home`, in order."""
+    with contextlib.closing(sqlite3.connect(home / "prefect.db")) as db:
+        return [name for (name,) in db.execute("SELECT event FROM events WHERE event LIKE 'prefect.task-run.%' "
+                                                "ORDER BY occurred")]
+
+
+#: Only the server's stop writes what the recorder and the persister hold (a setting in the
+#: environment wins).
+_HOLD = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "600",
+         "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "600",
+         "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000"}
+_TASK_RUN_EVENTS = ["prefect.task-run.Pending", "prefect.task-run.Running", "prefect.task-run.Completed"]
 
 #: A trainer in a process of its own (one server per process, as `python -m flows.train`): runs
 #: a flow of one task on its private server, says the server's pid and API, and waits for a line
@@ -181,22 +193,25 @@ def _wait_gone(pid: int, since: float) -> float:
 def test_task_run_states_are_batched_and_written_when_the_trainer_stops_its_server(tmp_path):
     trainer, server, url, home = _trainer(tmp_path)
     try:
-        recorder = httpx.get(f"{url}/admin/settings", timeout=10).json()["server"]["services"]["task_run_recorder"]
+        services = httpx.get(f"{url}/admin/settings", timeout=10).json()["server"]["services"]
         batch = int(prefect_server.RECORDER_BATCH["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"])
+        recorder, persister = services["task_run_recorder"], services["event_persister"]
         assert (recorder["batch_size"], recorder["flush_interval"]) == (batch, 600)  # the environment's wins
-        assert _recorded(home) == []  # held in the recorder's batch
+        assert (persister["batch_size"], persister["flush_interval"]) == (1000, 600)
+        assert _recorded(home) == [] and _task_run_events(home) == []  # held in the services' batches
         trainer.communicate("exit\n", timeout=60)  # its exit stops the server (SIGTERM)
         assert trainer.returncode == 0
         assert _wait_gone(server, time.monotonic()) < prefect_server.STOP_GRACE_S
     finally:
         trainer.kill()
     assert _recorded(home) == [("double", "COMPLETED")]
+    assert _task_run_events(home) == _TASK_RUN_EVENTS
 
 
 def test_a_killed_trainers_server_writes_what_it_holds_and_exits(tmp_path):
     trainer, server, _, home = _trainer(tmp_path)
     try:
-        assert _recorded(home) == []  # held in the recorder's batch
+        assert _recorded(home) == [] and _task_run_events(home) == []  # held in the services' batches
         trainer.kill()
         trainer.wait()
         # it stopped itself (the watchdog polls every 0.5 s), well before the hard exit
@@ -204,3 +219,4 @@ def test_a_killed_trainers_server_writes_what_it_holds_and_exits(tmp_path):
     finally:
         trainer.kill()
     assert _recorded(home) == [("double", "COMPLETED")]
+    assert _task_run_events(home) == _TASK_RUN_EVENTS
