@@ -19,8 +19,8 @@ What is measured, per side and repeat (medians over repeats are printed):
 * server CPU per task run: the server's whole CPU from the flow's start to its exit (its exit
   writes what the batches still hold, so a side with batches pays for all of its writes, read
   from the exited process's rusage), less its idle CPU over that time (its rate measured over
-  `--idle` quiet seconds before the flow), over the task runs. The flow run's own
-  (one creation, a few states) is amortised over them.
+  `--idle` quiet seconds before the flow), over the task runs. The flow run's own work (its
+  creation, a few states) is amortised over them.
 * client CPU per task run: this process's CPU over the flow, all threads (the task engine on
   this thread, the events and logs workers on theirs), less its idle rate, over the task runs;
 * the wall time of one task call on this thread;
