@@ -280,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+    from flows.prefect_server import temporary_server
     from flows.progress import quiet_prefect_task_logs
 
     quiet_prefect_task_logs()
-    evaluate(args.run_id, root=args.root, step=args.step, n=args.n, prompts=args.prompts,
-             seed=args.seed)
+    with temporary_server():  # the private server flows.train uses, not Prefect's own (flows/prefect_server.py)
+        evaluate(args.run_id, root=args.root, step=args.step, n=args.n, prompts=args.prompts,
+                 seed=args.seed)
     return 0
 
 

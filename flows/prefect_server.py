@@ -1,5 +1,7 @@
-"""The temporary Prefect API server of a local `python -m flows.train` (when no
-PREFECT_API_URL is set), started by us instead of by Prefect so that a stop behaves.
+"""The temporary Prefect API server of a local `python -m flows.train` or `python -m
+flows.evaluate` (when no PREFECT_API_URL is set), started by us instead of by Prefect so that
+a stop behaves. (`python -m flows.sweep`'s own flow still runs on Prefect's; its children are
+`flows.train` commands, each with a server of its own.)
 
 Prefect's own temporary server is a child in the trainer's process group: Ctrl-C in the
 terminal reaches it too, it dies first, and the trainer then retried the dead server for

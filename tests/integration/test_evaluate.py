@@ -82,6 +82,15 @@ def evaluated(tmp_path_factory):
     return root, proc
 
 
+def test_cli_runs_its_flow_on_the_private_prefect_server(evaluated):
+    """With no PREFECT_API_URL, flows.evaluate starts the private server flows.train uses
+    (flows/prefect_server.py), not Prefect's own temporary one, which logs its start."""
+    root, proc = evaluated
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "PREFECT_API_URL" not in _env(root)
+    assert "Starting temporary server" not in proc.stdout + proc.stderr
+
+
 def test_cli_logs_metrics_and_artifact_to_the_runs_mlflow_run(evaluated):
     root, proc = evaluated
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
