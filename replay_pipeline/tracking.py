@@ -15,8 +15,8 @@ its ORM, 45-60 ms a second of the default run, the rows 17 us); any other store 
 for them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
 metrics of the steps it covers are stored. A writer error surfaces at the next call.
 `NullTracker` has the same interface and does nothing, which keeps `if tracker:` checks out of
-the training loop. A new local SQLite store starts as a copy
-of an empty migrated one (`seed_sqlite_store`, replay_pipeline.sqlite_templates).
+the training loop. A new local SQLite store starts as a copy of an empty migrated one
+(`seed_sqlite_store`, replay_pipeline.sqlite_templates).
 
 A SIGTERM or Ctrl-C that arrives while the calling thread is inside a tracking-store call is
 held until the call returns (`deferred_signals`): Prefect's SIGTERM handler raises wherever the

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import signal
 import sqlite3
 import statistics
@@ -44,6 +43,8 @@ import time
 from pathlib import Path
 
 from flows.prefect_server import RECORDER_BATCH
+from replay_pipeline.benchmarks.peers import spread
+from replay_pipeline.benchmarks.turns import cpu_seconds
 
 #: Prefect settings of each side's server (a setting in the environment wins over them).
 SIDES = {"trainer": RECORDER_BATCH,
@@ -52,23 +53,18 @@ SIDES = {"trainer": RECORDER_BATCH,
          "prefect-defaults": {}}
 
 
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) of the live process `pid`, all threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _written(home: Path) -> tuple[int, int]:
     """(task runs, task-run events) in the database of the server that used `home`."""
     with contextlib.closing(sqlite3.connect(home / "prefect.db")) as db:
         runs = db.execute("SELECT count(*) FROM task_run").fetchone()[0]
         events = db.execute("SELECT count(*) FROM events WHERE event LIKE 'prefect.task-run.%'").fetchone()[0]
     return runs, events
+
+
+def cpu(server: int) -> tuple[float, float]:
+    """CPU seconds (user + system, all threads, children left out) of the live process `server`
+    and of this process, so far."""
+    return cpu_seconds(server, children=False), cpu_seconds(os.getpid(), children=False)
 
 
 def run_side(side: str, tasks: int, gap: float, idle: float, root: Path) -> dict:
@@ -87,9 +83,10 @@ def run_side(side: str, tasks: int, gap: float, idle: float, root: Path) -> dict
     try:
         wait_ready(proc, url, 120)
         time.sleep(2.0)  # the boot's last writes
-        server_0, own_0 = _cpu(proc.pid), _own_cpu()
+        server_0, own_0 = cpu(proc.pid)
         time.sleep(idle)
-        server_idle, own_idle = (_cpu(proc.pid) - server_0) / idle, (_own_cpu() - own_0) / idle
+        server_1, own_1 = cpu(proc.pid)
+        server_idle, own_idle = (server_1 - server_0) / idle, (own_1 - own_0) / idle
 
         @task(name="unit", cache_policy=NO_CACHE, persist_result=False)
         def unit(i: int) -> int:
@@ -106,11 +103,11 @@ def run_side(side: str, tasks: int, gap: float, idle: float, root: Path) -> dict
                 time.sleep(gap)
 
         with temporary_settings(updates={PREFECT_API_URL: url}):
-            began, server_began, own_began = time.monotonic(), _cpu(proc.pid), _own_cpu()
+            began, (server_began, own_began) = time.monotonic(), cpu(proc.pid)
             many()
             EventsWorker.drain_all(timeout=60)  # every event and log line of the flow sent
             APILogWorker.drain_all(timeout=60)
-            own = _own_cpu() - own_began - own_idle * (time.monotonic() - began)
+            own = cpu(proc.pid)[1] - own_began - own_idle * (time.monotonic() - began)
             os.kill(proc.pid, signal.SIGTERM)  # the server writes what its batches hold, and exits
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
@@ -136,10 +133,8 @@ def run_benchmark(tasks: int, repeats: int, gap: float, idle: float, root: str |
     summary = {}
     for side in SIDES:
         mine = [rec for rec in records if rec["side"] == side]
-        summary[side] = {key: statistics.median(rec[key] for rec in mine)
+        summary[side] = {key: spread([rec[key] for rec in mine])
                          for key in ("server_cpu_ms_per_task", "client_cpu_ms_per_task", "call_ms")}
-        summary[side]["server_cpu_ms_per_task_range"] = [min(rec["server_cpu_ms_per_task"] for rec in mine),
-                                                         max(rec["server_cpu_ms_per_task"] for rec in mine)]
         summary[side]["all_written"] = all(rec["task_runs_written"] == tasks and
                                            rec["task_run_events_written"] == 3 * tasks for rec in mine)
     return {"tasks": tasks, "repeats": repeats, "gap_s": gap, "records": records, "summary": summary}
@@ -164,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
           "medians over repeats [server min-max]:")
     print(f"{'side':17s} {'server CPU ms/task':>19s} {'client CPU ms/task':>19s} {'call ms':>8s}  all written")
     for side, s in result["summary"].items():
-        low, high = s["server_cpu_ms_per_task_range"]
-        print(f"{side:17s} {s['server_cpu_ms_per_task']:8.2f} [{low:.2f}-{high:.2f}] {s['client_cpu_ms_per_task']:12.2f}"
-              f" {s['call_ms']:14.2f}  {'yes' if s['all_written'] else 'NO'}")
+        server = s["server_cpu_ms_per_task"]
+        print(f"{side:17s} {server['median']:8.2f} [{server['min']:.2f}-{server['max']:.2f}]"
+              f" {s['client_cpu_ms_per_task']['median']:12.2f} {s['call_ms']['median']:14.2f}"
+              f"  {'yes' if s['all_written'] else 'NO'}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0 if all(s["all_written"] for s in result["summary"].values()) else 1

@@ -286,7 +286,7 @@ def median_interval(values: Sequence[float], coverage: float = MEDIAN_COVERAGE) 
     return {"low": ordered[k - 1], "high": ordered[n - k], "coverage": covers(k)}
 
 
-def _spread(values: Sequence[float | None]) -> dict[str, float] | None:
+def spread(values: Sequence[float | None]) -> dict[str, float] | None:
     """median, min and max of the values that are there (None when none is)."""
     present = [float(v) for v in values if v is not None]
     if not present:
@@ -310,9 +310,9 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
     for side, figures in per_repeat.items():
         accuracies = [[p["accuracy"] for p in r["evals"]] for r in records[side]]
         out["sides"][side] = {
-            **{name: _spread([f[name] for f in figures]) for name in FIGURES},
+            **{name: spread([f[name] for f in figures]) for name in FIGURES},
             "per_repeat": figures,
-            "gen_tokens": _spread([r["gen_tokens"] for r in records[side]]),
+            "gen_tokens": spread([r["gen_tokens"] for r in records[side]]),
             "accuracy_start": accuracies[0][0], "accuracy_final": accuracies[0][-1],
             "accuracy_best": max(accuracies[0]),
             "accuracy_repeatable": all(a == accuracies[0] for a in accuracies),
@@ -325,15 +325,15 @@ def summarise(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, A
         for peer, target in RATIO_TARGETS.items():
             if peer in per_repeat:
                 ratios = [a / f["step_s"] for a, f in zip(ours, per_repeat[peer])]
-                spread = _spread(ratios)
-                judged = verdict(spread["min"], spread["max"], target)
+                of_ratios = spread(ratios)
+                judged = verdict(of_ratios["min"], of_ratios["max"], target)
                 interval = median_interval(ratios)
-                out["ratios"][peer] = {**spread, "per_repeat": ratios, "target": target, "verdict": judged,
+                out["ratios"][peer] = {**of_ratios, "per_repeat": ratios, "target": target, "verdict": judged,
                                        "met": judged == "met", "median_interval": interval,
                                        "median_verdict": verdict(interval["low"], interval["high"], target)}
                 if windowed:
                     every = [a / b for a, b in zip(every_step["ours"], every_step[peer])]
-                    out["ratios"][peer]["every_step"] = {**_spread(every), "per_repeat": every}
+                    out["ratios"][peer]["every_step"] = {**spread(every), "per_repeat": every}
         startup = out["sides"]["ours"]["startup_s"]
         judged = verdict(startup["min"], startup["max"], STARTUP_TARGET_S, strict=True) if startup else "missed"
         out["startup"] = {"target_s": STARTUP_TARGET_S, "median_s": startup and startup["median"],

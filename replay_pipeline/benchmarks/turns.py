@@ -100,7 +100,7 @@ def _machine_seconds() -> tuple[float, float]:
     return total - t.idle - t.iowait, total
 
 
-def _cpu_seconds(pid: int, children: bool = True) -> float:
+def cpu_seconds(pid: int, children: bool = True) -> float:
     """user + system seconds of `pid`, and of its children it has reaped (`children`); 0 once gone."""
     try:
         t = psutil.Process(pid).cpu_times()
@@ -112,7 +112,7 @@ def _cpu_seconds(pid: int, children: bool = True) -> float:
 def _sample(pid: int) -> tuple[float, float, float]:
     """(machine busy, machine total, this command's tree + the caller) CPU seconds."""
     busy, total = _machine_seconds()
-    return busy, total, sum(_cpu_seconds(p) for p in process_tree(pid)) + _cpu_seconds(os.getpid(), children=False)
+    return busy, total, sum(cpu_seconds(p) for p in process_tree(pid)) + cpu_seconds(os.getpid(), children=False)
 
 
 def process_tree(pid: int) -> list[int]:
