@@ -46,6 +46,18 @@ persister stay: they are what records the run's task runs and events in PREFECT_
 database for `prefect server start` to show afterwards (the recorder is the server's biggest
 cost after its boot: about 1 s of CPU for the 130 task-run state events of that run).
 
+The private server runs without Prefect's background worker (docket's `Worker`, which runs
+the server's perpetual services and a few tasks its API enqueues). Every perpetual service
+that would give it work here is off, yet idle it polled its queues, its scheduler and its
+cancellation channel: 14-15 ms of the server's CPU a second and about 90 of its 120 wake-ups a
+second (per-thread /proc readings and py-spy, 2026-12-05), each one taken from a core torch is
+spinning on; without it, 3-4 ms and about 30 (`python -m replay_pipeline.benchmarks.orchestration`
+prints each side's idle rate). What its API still enqueues (a deleted flow run's logs, the
+check of a run left CANCELLING, an event vacuum an hour in) then waits in the server's memory
+and ends with it: a per-run server that ends with its trainer has no use for them, and
+`prefect server start` on the same home runs its worker as usual. `spawn(...,
+background_worker=True)` keeps it (the orchestration benchmark's Prefect-defaults side).
+
 The task-run recorder writes in batches on the private server (`RECORDER_BATCH`: up to 200
 events, at least every 2 s; Prefect's default writes each event in a transaction of its own,
 and the event persister already batches, 20 events or 5 s). Its work lands on the cores torch
@@ -112,18 +124,20 @@ def _configured_url() -> str | None:
     return get_current_settings().api.url
 
 
-def spawn(parent: int, settings_env: dict[str, str] | None = None,
-          defaults: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def spawn(parent: int, settings_env: dict[str, str] | None = None, defaults: dict[str, str] | None = None,
+          background_worker: bool = False) -> tuple[subprocess.Popen, str]:
     """Start a server process watching `parent` on a free port, without waiting for it; returns
     the process and the API it will answer at. Its environment is this process's with the
     idle services off and `defaults` (a setting in the environment wins over both), and
-    `settings_env` on top."""
+    `settings_env` on top; it runs Prefect's background worker only with `background_worker`
+    (see the module's docstring)."""
     port = _free_port()
     env = {**{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES}, **(defaults or {}),
            **os.environ, **(settings_env or {}),
            "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "flows.prefect_server", "--port", str(port),
-                             "--parent", str(parent)], env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+                             "--parent", str(parent), *(["--background-worker"] if background_worker else [])],
+                            env=env, start_new_session=True, stdin=subprocess.DEVNULL)
     return proc, f"http://127.0.0.1:{port}/api"
 
 
@@ -290,15 +304,36 @@ def _seed_database() -> None:
             asyncio.run(_memoize_block_auto_registration(_blocks_registered)())
 
 
+@contextlib.asynccontextmanager
+async def _no_background_worker(docket: Any, ephemeral: bool = False, webserver_only: bool = False):
+    """Stands in for Prefect's `background_worker(docket, ...)` in the server's lifespan: the
+    docket stays (the API enqueues into it), no worker polls it."""
+    yield
+
+
+def _without_background_worker() -> None:
+    """The server's lifespan starts no background worker (see the module's docstring). A
+    Prefect without `prefect.server.api.server.background_worker` is left as it is."""
+    # start-up cost: prefect's server, in the server process only (uvicorn imports it next)
+    import prefect.server.api.server as server
+
+    if hasattr(server, "background_worker"):
+        server.background_worker = _no_background_worker
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--background-worker", action="store_true",
+                        help="run Prefect's background worker (docket), as Prefect's own server does")
     args = parser.parse_args(argv)
     if os.getppid() != args.parent:
         return 0
     threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()
     _seed_database()
+    if not args.background_worker:
+        _without_background_worker()
     import uvicorn  # start-up cost: only the server process needs it
     uvicorn.run("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=args.port,
                 log_level="error", lifespan="on")

@@ -23,11 +23,17 @@ replay_pipeline/run/loop.py's (`train_loop`), the run is built by replay_pipelin
 and the configuration is checked (replay_pipeline/run/preflight.py) before Prefect starts.
 Consecutive rounds run as one Prefect task (`rounds-FIRST-LAST`, at most loop.rounds_per_task = 10 rounds, ending
 where an evaluation or a checkpoint falls due; the async loop adds one long `generator-W` task
-per generator process), and evaluations and checkpoints are tasks of their own, so the UI shows
-the run's progress with its timing; every round's per-phase timings (generate, score, append,
-sample, learn) are MLflow metrics at its own step. A Prefect task costs 4-11 ms here, 2-3% of
-a default round, which is why a task covers several rounds (loop.rounds_per_task=1: one per
-round; see the overhead benchmark in the README).
+per generator process). An evaluation due after a task's rounds ends that task, which is then
+named `rounds-FIRST-LAST+evaluate-vN` and logs what it found (`evaluated policy vN: held-out
+accuracy ... (... s)`); the starting policy's evaluation (`evaluate-v0`) and checkpoints
+(`checkpoint-N`) are tasks of their own. So the UI shows the run's progress with its timing;
+every round's per-phase timings (generate, score, append, sample, learn) and every
+evaluation's seconds are MLflow metrics at their own step. A Prefect task run costs about
+18 ms of CPU here (10.7 in the private server, 7.4 in the trainer: `python -m
+replay_pipeline.benchmarks.orchestration`) against a default round's ~240 ms, which is why a task
+covers several rounds (loop.rounds_per_task=1: one per round) and why an evaluation has no
+task of its own: it was one until 2026-12-05, at an evaluation every 4 rounds a second task
+run at every boundary (README, "Performance").
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ from replay_pipeline.resume import resolve_config
 from replay_pipeline.lease import LeaseHeld, acquire
 from replay_pipeline.run.build import build_run, run_mode
 from replay_pipeline.run.engines import run_dask_worker
-from replay_pipeline.run.loop import evaluate_start, generators_running, run_rounds, train_loop
+from replay_pipeline.run.loop import Evaluation, evaluate_start, generators_running, run_unit, train_loop
 from replay_pipeline.run.lineage import note_flow_run
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import check_start_point, preflight
@@ -157,18 +163,30 @@ def setup_task(cfg) -> TrainingRun:
     return build_run(cfg, log=_say)
 
 
-@task(name="rounds", task_run_name="rounds-{first}-{last}", **_task)
+def _unit_name(parameters: dict[str, Any]) -> str:
+    """`rounds-FIRST-LAST`, and `+evaluate-vN` when the evaluation of policy version N ends it."""
+    evaluation = parameters.get("evaluation")
+    name = f"rounds-{parameters['first']}-{parameters['last']}"
+    return name if evaluation is None else f"{name}+evaluate-v{evaluation.version}"
+
+
+@task(name="rounds", task_run_name=_unit_name, **_task)
 @_stoppable
-def rounds_task(run: TrainingRun, first: int, last: int, progress: Progress, alive=None,
-                after_round=None) -> None:
-    """Rounds `first`..`last` (replay_pipeline.run.loop.run_rounds): sync, or the async
-    learner's rounds when `alive` (the generators' liveness) is given."""
-    run_rounds(run, first, last, progress.update, alive, after_round)
+def rounds_task(run: TrainingRun, first: int, last: int, evaluation: Evaluation | None, progress: Progress,
+                alive=None, after_round=None) -> None:
+    """Rounds `first`..`last` (replay_pipeline.run.loop.run_unit): sync, or the async learner's
+    rounds when `alive` (the generators' liveness) is given; then the evaluation due after
+    them, if any, with a line in the task's log (the Prefect UI's) saying what it found."""
+    metrics = run_unit(run, first, last, evaluation, progress.update, alive, after_round)
+    if metrics is not None:
+        get_run_logger().info(f"evaluated policy v{evaluation.version}: held-out accuracy "
+                              f"{metrics['eval/accuracy']:.3f} ({metrics['eval/seconds']:.1f} s)")
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
 @_stoppable
 def evaluate_task(run: TrainingRun, version: int, sampled: bool = False) -> dict[str, float]:
+    """The starting policy's evaluation (the later ones end the rounds tasks before them)."""
     return run.evaluate(version, sampled=sampled)
 
 
@@ -217,9 +235,8 @@ def _loop(run: TrainingRun, progress: Progress, alive=None, after_round=None) ->
     would otherwise walk every element of `run` on each task call to look for upstream
     futures (measured: 2/3 of a step's wall time)."""
     train_loop(run,
-               rounds=lambda first, last: rounds_task(quote(run), first, last, quote(progress), quote(alive),
-                                                      quote(after_round)),
-               evaluate=lambda version, sampled: evaluate_task(quote(run), version, sampled=sampled),
+               unit=lambda first, last, evaluation: rounds_task(quote(run), first, last, quote(evaluation),
+                                                                quote(progress), quote(alive), quote(after_round)),
                checkpoint=lambda done: checkpoint_task(quote(run), done))
 
 

@@ -2,13 +2,14 @@
 process (Prefect's task engine, its events and logs) and of its private Prefect server
 (receiving the events, recording the task run, persisting the events, storing the logs),
 as the trainer's server runs them (its task-run recorder in batches: flows/prefect_server.py
-`RECORDER_BATCH`), with the event persister's batches larger too (tried and not adopted:
-README, "Prefect's cost per task run"), and with Prefect's defaults.
+`RECORDER_BATCH`, no background worker), with the event persister's batches larger too (tried
+and not adopted: README, "Prefect's cost per task run"), and with Prefect's defaults (its
+background worker on); and each server's idle CPU a second.
 
     python -m replay_pipeline.benchmarks.orchestration                 # 3 repeats of 200 task runs a side
     python -m replay_pipeline.benchmarks.orchestration --tasks 400 --repeats 5 --out orchestration.json
 
-Why it matters: in a sync run every rounds task and every evaluation task is a task run, and
+Why it matters: in a sync run every rounds task (an evaluation ends the one before it) is a task run, and
 both processes' work lands on the cores generation and training are using (README,
 "Performance"). A side is one server, started as the trainer starts its own (the idle services
 off, a fresh PREFECT_HOME) with its side's settings, and one flow run of `--tasks` trivial
@@ -24,6 +25,7 @@ What is measured, per side and repeat (medians over repeats are printed):
 * client CPU per task run: this process's CPU over the flow, all threads (the task engine on
   this thread, the events and logs workers on theirs), less its idle rate, over the task runs;
 * the wall time of one task call on this thread;
+* the server's idle CPU a second (the rate above): what it takes from the cores between tasks;
 * what the server wrote: task runs and task-run events in its database after its exit (every
   side must have them all: a batch must never lose what it holds).
 """
@@ -51,6 +53,9 @@ SIDES = {"trainer": RECORDER_BATCH,
          "larger-events": {**RECORDER_BATCH, "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "1000",
                            "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "10"},
          "prefect-defaults": {}}
+#: The sides whose server runs Prefect's background worker, as Prefect's own server does (the
+#: trainer's private server runs without it: flows/prefect_server.py).
+WITH_BACKGROUND_WORKER = ("prefect-defaults",)
 
 
 def _written(home: Path) -> tuple[int, int]:
@@ -79,7 +84,7 @@ def run_side(side: str, tasks: int, gap: float, idle: float, root: Path) -> dict
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     home = Path(tempfile.mkdtemp(prefix=f"{side}-", dir=root))
-    proc, url = spawn(os.getpid(), {"PREFECT_HOME": str(home)}, SIDES[side])
+    proc, url = spawn(os.getpid(), {"PREFECT_HOME": str(home)}, SIDES[side], side in WITH_BACKGROUND_WORKER)
     try:
         wait_ready(proc, url, 120)
         time.sleep(2.0)  # the boot's last writes
@@ -134,7 +139,8 @@ def run_benchmark(tasks: int, repeats: int, gap: float, idle: float, root: str |
     for side in SIDES:
         mine = [rec for rec in records if rec["side"] == side]
         summary[side] = {key: spread([rec[key] for rec in mine])
-                         for key in ("server_cpu_ms_per_task", "client_cpu_ms_per_task", "call_ms")}
+                         for key in ("server_cpu_ms_per_task", "client_cpu_ms_per_task", "call_ms",
+                                     "server_idle_ms_per_s")}
         summary[side]["all_written"] = all(rec["task_runs_written"] == tasks and
                                            rec["task_run_events_written"] == 3 * tasks for rec in mine)
     return {"tasks": tasks, "repeats": repeats, "gap_s": gap, "records": records, "summary": summary}
@@ -157,12 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         result = run_benchmark(args.tasks, args.repeats, args.gap, args.idle, root)
     print(f"{args.repeats} repeats of {args.tasks} task runs a side, {args.gap} s apart, the sides taking turns; "
           "medians over repeats [server min-max]:")
-    print(f"{'side':17s} {'server CPU ms/task':>19s} {'client CPU ms/task':>19s} {'call ms':>8s}  all written")
+    print(f"{'side':17s} {'server CPU ms/task':>19s} {'client CPU ms/task':>19s} {'call ms':>8s}"
+          f" {'server idle ms/s':>17s}  all written")
     for side, s in result["summary"].items():
         server = s["server_cpu_ms_per_task"]
         print(f"{side:17s} {server['median']:8.2f} [{server['min']:.2f}-{server['max']:.2f}]"
               f" {s['client_cpu_ms_per_task']['median']:12.2f} {s['call_ms']['median']:14.2f}"
-              f"  {'yes' if s['all_written'] else 'NO'}")
+              f" {s['server_idle_ms_per_s']['median']:12.1f}      {'yes' if s['all_written'] else 'NO'}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0 if all(s["all_written"] for s in result["summary"].values()) else 1

@@ -11,10 +11,13 @@ only: the generator workers (replay_pipeline/run/workers.py) generate, score and
 their own, so the round waits for rollouts, draws, learns and publishes.
 
 Consecutive rounds run as one unit (`segments`: at most loop.rounds_per_task, ending where an
-evaluation or a checkpoint falls due, so a unit's rounds are never split by one). How a unit,
-an evaluation and a checkpoint are run is the caller's: `train_loop` calls them directly unless
-given wrappers (flows/train.py makes each a Prefect task, so the UI shows the run's progress).
-Evaluations and checkpoints are timed as scheduled extras, outside the overhead figure. A stop
+evaluation or a checkpoint falls due, so a unit's rounds are never split by one). An evaluation
+due after a unit's rounds is the unit's last part (`Evaluation`): one Prefect task holds both,
+since a task run costs about 18 ms of CPU on the cores torch is using (README, "Prefect's cost
+per task run"). How a unit and a checkpoint are run is the caller's: `train_loop` calls them
+directly unless given wrappers (flows/train.py makes each a Prefect task, so the UI shows the
+run's progress). Evaluations and checkpoints are timed as scheduled extras, outside the
+overhead figure. A stop
 request (Ctrl-C, SIGTERM: replay_pipeline/stopping.py) raises RunStopped before the next round,
 never inside one's writes. This module must not import Prefect, MLflow or the flows.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from replay_pipeline import faults, stopping
@@ -108,14 +112,39 @@ def _log_evaluation(run: TrainingRun, done: int, metrics: Any) -> None:
     stopping.check("the evaluation")
 
 
-def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None,
-               evaluate: Callable[[int, bool], dict] | None = None,
+@dataclass(frozen=True)
+class Evaluation:
+    """The evaluation due after a unit's rounds, run by the unit after its last round:
+    `evaluation(run)` evaluates the policy then current, logs the metrics at step `done` and
+    returns them, timed as a scheduled extra. `version` is the policy version it will see
+    (each round publishes one); a unit's wrapper names itself after it."""
+    done: int
+    sampled: bool
+    version: int
+
+    def __call__(self, run: TrainingRun) -> dict[str, float]:
+        began = time.perf_counter()
+        metrics = run.evaluate(run.policy_version, self.sampled)
+        run.accounting.scheduled_seconds += time.perf_counter() - began
+        _log_evaluation(run, self.done, metrics)
+        return metrics
+
+
+def run_unit(run: TrainingRun, first: int, last: int, evaluation: Evaluation | None = None,
+             progress: Callable[[int], Any] | None = None, alive: Callable[[], bool] | None = None,
+             after_round: Callable[[], Any] | None = None) -> dict[str, float] | None:
+    """A unit: rounds `first`..`last` (run_rounds), then `evaluation` when one is due; returns
+    its metrics (None without one)."""
+    run_rounds(run, first, last, progress, alive, after_round)
+    return evaluation(run) if evaluation is not None else None
+
+
+def train_loop(run: TrainingRun, unit: Callable[[int, int, Evaluation | None], Any] | None = None,
                checkpoint: Callable[[int], Any] | None = None) -> None:
     """Every round from run.start_step to loop.steps, with the evaluations and checkpoints
-    that fall due. `rounds(first, last)`, `evaluate(version, sampled)` and `checkpoint(done)`
-    default to running them here (run_rounds, run.evaluate, run.checkpoint)."""
-    rounds = rounds or (lambda first, last: run_rounds(run, first, last))
-    evaluate = evaluate or run.evaluate
+    that fall due. `unit(first, last, evaluation)` (rounds first..last, then the evaluation due
+    after them, if any: run_unit) and `checkpoint(done)` default to running them here."""
+    unit = unit or (lambda first, last, evaluation: run_unit(run, first, last, evaluation))
     checkpoint = checkpoint or run.checkpoint
     loop = run.settings.loop
     # a command's libraries and the built run: never walked by the collector again (heap.py)
@@ -124,17 +153,16 @@ def train_loop(run: TrainingRun, rounds: Callable[[int, int], Any] | None = None
         run.log(run.start_step, run.accounting.startup_metrics())
     for first, last in segments(loop, run.start_step):
         stopping.check(f"the rounds, before step {first}")
-        rounds(first, last)
-        stopping.check("the rounds")  # a wrapper's stopped rounds return (their state says where)
-        faults.crash_point("between_tasks", last)
         done = last + 1
-        extras = time.perf_counter()
         evaluate_now, sampled, checkpoint_now = extras_due(loop, done)
-        if evaluate_now:
-            _log_evaluation(run, done, evaluate(run.policy_version, sampled))
+        evaluation = Evaluation(done, sampled, run.policy_version + done - first) if evaluate_now else None
+        unit(first, last, evaluation)
+        stopping.check("the rounds")  # a wrapper's stopped unit returns (its state says where)
+        faults.crash_point("between_tasks", last)
         if checkpoint_now:
+            extras = time.perf_counter()
             checkpoint(done)
-        run.accounting.scheduled_seconds += time.perf_counter() - extras
+            run.accounting.scheduled_seconds += time.perf_counter() - extras
 
 
 @contextmanager

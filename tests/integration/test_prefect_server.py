@@ -220,3 +220,37 @@ def test_a_killed_trainers_server_writes_what_it_holds_and_exits(tmp_path):
         trainer.kill()
     assert _recorded(home) == [("double", "COMPLETED")]
     assert _task_run_events(home) == _TASK_RUN_EVENTS
+
+
+def _wake_ups(pid: int) -> int:
+    """Voluntary context switches of all of `pid`'s threads so far: a thread that sleeps on a
+    timer and wakes adds one each time."""
+    total = 0
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):
+            status = Path(f"/proc/{pid}/task/{thread}/status").read_text()
+            total += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
+def _idle_wake_ups_per_second(home: Path, background_worker: bool) -> float:
+    proc, url = prefect_server.spawn(os.getpid(), {"PREFECT_HOME": str(home)}, prefect_server.RECORDER_BATCH,
+                                     background_worker=background_worker)
+    try:
+        prefect_server.wait_ready(proc, url, 120)
+        time.sleep(3)  # the lifespan's start-up work done
+        before = _wake_ups(proc.pid)
+        time.sleep(4)
+        return (_wake_ups(proc.pid) - before) / 4
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_the_private_server_runs_no_background_worker_and_wakes_a_quarter_as_often(tmp_path, no_api_url):
+    # Prefect's background worker (docket) polls its queues and channels on timers even with
+    # nothing to do: about 120 wake-ups a second against about 30 here (flows/prefect_server.py).
+    # Timer wake-ups, not CPU time: a slow machine wakes as often.
+    without = _idle_wake_ups_per_second(tmp_path / "without", background_worker=False)
+    with_worker = _idle_wake_ups_per_second(tmp_path / "with", background_worker=True)
+    assert without < 0.5 * with_worker, (without, with_worker)
