@@ -23,17 +23,18 @@ replay_pipeline/run/loop.py's (`train_loop`), the run is built by replay_pipelin
 and the configuration is checked (replay_pipeline/run/preflight.py) before Prefect starts.
 Consecutive rounds run as one Prefect task (`rounds-FIRST-LAST`, at most loop.rounds_per_task = 10 rounds, ending
 where an evaluation or a checkpoint falls due; the async loop adds one long `generator-W` task
-per generator process). An evaluation due after a task's rounds ends that task, which is then
-named `rounds-FIRST-LAST+evaluate-vN` and logs what it found (`evaluated policy vN: held-out
-accuracy ... (... s)`); the starting policy's evaluation (`evaluate-v0`) and checkpoints
-(`checkpoint-N`) are tasks of their own. So the UI shows the run's progress with its timing;
+per generator process). The evaluations that fall due among a task's rounds run inside it,
+after the round that makes them due: the task is then named `rounds-FIRST-LAST+evaluate-vN`
+(`+evaluate-vA,vB` for several) and logs what each found (`evaluated policy vN after step N:
+held-out accuracy ... (... s)`); the starting policy's evaluation (`evaluate-v0`) and
+checkpoints (`checkpoint-N`) are tasks of their own. So the UI shows the run's progress with its timing;
 every round's per-phase timings (generate, score, append, sample, learn) and every
 evaluation's seconds are MLflow metrics at their own step. A Prefect task run costs about
 18 ms of CPU here (10.7 in the private server, 7.4 in the trainer: `python -m
 replay_pipeline.benchmarks.orchestration`) against a default round's ~240 ms, which is why a task
-covers several rounds (loop.rounds_per_task=1: one per round) and why an evaluation has no
-task of its own: it was one until 2026-12-05, at an evaluation every 4 rounds a second task
-run at every boundary (README, "Performance").
+covers several rounds (loop.rounds_per_task=1: one per round) and why an evaluation neither
+has a task of its own nor ends one: until 2026-12-05 both held, and at an evaluation every 4
+rounds that made two task runs every 4 rounds instead of one every 10 (README, "Performance").
 """
 
 from __future__ import annotations
@@ -164,23 +165,25 @@ def setup_task(cfg) -> TrainingRun:
 
 
 def _unit_name(parameters: dict[str, Any]) -> str:
-    """`rounds-FIRST-LAST`, and `+evaluate-vN` when the evaluation of policy version N ends it."""
-    evaluation = parameters.get("evaluation")
+    """`rounds-FIRST-LAST`, then `+evaluate-vN` (or `+evaluate-vA,vB,...`) for the policy
+    versions evaluated among them."""
     name = f"rounds-{parameters['first']}-{parameters['last']}"
-    return name if evaluation is None else f"{name}+evaluate-v{evaluation.version}"
+    versions = ",".join(f"v{evaluation.version}" for evaluation in parameters.get("evaluations") or ())
+    return f"{name}+evaluate-{versions}" if versions else name
 
 
 @task(name="rounds", task_run_name=_unit_name, **_task)
 @_stoppable
-def rounds_task(run: TrainingRun, first: int, last: int, evaluation: Evaluation | None, progress: Progress,
+def rounds_task(run: TrainingRun, first: int, last: int, evaluations: list[Evaluation], progress: Progress,
                 alive=None, after_round=None) -> None:
-    """Rounds `first`..`last` (replay_pipeline.run.loop.run_unit): sync, or the async learner's
-    rounds when `alive` (the generators' liveness) is given; then the evaluation due after
-    them, if any, with a line in the task's log (the Prefect UI's) saying what it found."""
-    metrics = run_unit(run, first, last, evaluation, progress.update, alive, after_round)
-    if metrics is not None:
-        get_run_logger().info(f"evaluated policy v{evaluation.version}: held-out accuracy "
-                              f"{metrics['eval/accuracy']:.3f} ({metrics['eval/seconds']:.1f} s)")
+    """Rounds `first`..`last` with the evaluations due among them (replay_pipeline.run.loop.run_unit):
+    sync, or the async learner's rounds when `alive` (the generators' liveness) is given. Each
+    evaluation leaves a line in the task's log (the Prefect UI's) saying what it found."""
+    def evaluated(evaluation: Evaluation, metrics: dict[str, float]) -> None:
+        get_run_logger().info(f"evaluated policy v{evaluation.version} after step {evaluation.done}: held-out "
+                              f"accuracy {metrics['eval/accuracy']:.3f} ({metrics['eval/seconds']:.1f} s)")
+
+    run_unit(run, first, last, evaluations, progress.update, alive, after_round, evaluated)
 
 
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
@@ -235,8 +238,8 @@ def _loop(run: TrainingRun, progress: Progress, alive=None, after_round=None) ->
     would otherwise walk every element of `run` on each task call to look for upstream
     futures (measured: 2/3 of a step's wall time)."""
     train_loop(run,
-               unit=lambda first, last, evaluation: rounds_task(quote(run), first, last, quote(evaluation),
-                                                                quote(progress), quote(alive), quote(after_round)),
+               unit=lambda first, last, evaluations: rounds_task(quote(run), first, last, quote(evaluations),
+                                                                 quote(progress), quote(alive), quote(after_round)),
                checkpoint=lambda done: checkpoint_task(quote(run), done))
 
 

@@ -10,16 +10,16 @@ the rollout table, draws K minibatches of B from the buffer's window and takes K
 only: the generator workers (replay_pipeline/run/workers.py) generate, score and append on
 their own, so the round waits for rollouts, draws, learns and publishes.
 
-Consecutive rounds run as one unit (`segments`: at most loop.rounds_per_task, ending where an
-evaluation or a checkpoint falls due, so a unit's rounds are never split by one). An evaluation
-due after a unit's rounds is the unit's last part (`Evaluation`): one Prefect task holds both,
-since a task run costs about 18 ms of CPU on the cores torch is using (README, "Prefect's cost
-per task run"). How a unit and a checkpoint are run is the caller's: `train_loop` calls them
-directly unless given wrappers (flows/train.py makes each a Prefect task, so the UI shows the
-run's progress). Evaluations and checkpoints are timed as scheduled extras, outside the
-overhead figure. A stop
-request (Ctrl-C, SIGTERM: replay_pipeline/stopping.py) raises RunStopped before the next round,
-never inside one's writes. This module must not import Prefect, MLflow or the flows.
+Consecutive rounds run as one unit (`segments`: at most loop.rounds_per_task, ending where a
+checkpoint falls due, so a unit's rounds are never split by one). The evaluations that fall due
+inside a unit are part of it (`Evaluation`, run after the round that makes them due): one
+Prefect task holds them all, since a task run costs about 18 ms of CPU on the cores torch is
+using (README, "Prefect's cost per task run"). How a unit and a checkpoint are run is the
+caller's: `train_loop` calls them directly unless given wrappers (flows/train.py makes each a
+Prefect task, so the UI shows the run's progress). Evaluations and checkpoints are timed as
+scheduled extras, outside the overhead figure. A stop request (Ctrl-C, SIGTERM:
+replay_pipeline/stopping.py) raises RunStopped before the next round, never inside one's
+writes. This module must not import Prefect, MLflow or the flows.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from replay_pipeline import faults, stopping
 from replay_pipeline.heap import freeze_startup_heap
@@ -84,14 +84,25 @@ def extras_due(loop: Any, done: int) -> tuple[bool, bool, bool]:
 
 def segments(loop: Any, start: int) -> list[tuple[int, int]]:
     """The rounds from `start` as (first, last) runs of at most loop.rounds_per_task rounds,
-    each ending where an evaluation or a checkpoint falls due."""
+    each ending where a checkpoint falls due."""
     out, first = [], start
     while first < loop.steps:
         last = first
-        while last + 1 < loop.steps and last + 1 - first < loop.rounds_per_task and not any(extras_due(loop, last + 1)):
+        while last + 1 < loop.steps and last + 1 - first < loop.rounds_per_task and not extras_due(loop, last + 1)[2]:
             last += 1
         out.append((first, last))
         first = last + 1
+    return out
+
+
+def evaluations_due(loop: Any, first: int, last: int, version: int) -> list[Evaluation]:
+    """The evaluations due after rounds `first`..`last` of a unit starting at policy version
+    `version` (each round publishes one), in order."""
+    out = []
+    for done in range(first + 1, last + 2):
+        evaluate, sampled, _ = extras_due(loop, done)
+        if evaluate:
+            out.append(Evaluation(done, sampled, version + done - first))
     return out
 
 
@@ -114,10 +125,10 @@ def _log_evaluation(run: TrainingRun, done: int, metrics: Any) -> None:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The evaluation due after a unit's rounds, run by the unit after its last round:
-    `evaluation(run)` evaluates the policy then current, logs the metrics at step `done` and
-    returns them, timed as a scheduled extra. `version` is the policy version it will see
-    (each round publishes one); a unit's wrapper names itself after it."""
+    """An evaluation due inside a unit, run by the unit after the round that makes `done`
+    rounds: `evaluation(run)` evaluates the policy then current, logs the metrics at step
+    `done` and returns them, timed as a scheduled extra. `version` is the policy version it
+    will see; a unit's wrapper names itself after its evaluations."""
     done: int
     sampled: bool
     version: int
@@ -130,21 +141,28 @@ class Evaluation:
         return metrics
 
 
-def run_unit(run: TrainingRun, first: int, last: int, evaluation: Evaluation | None = None,
+def run_unit(run: TrainingRun, first: int, last: int, evaluations: Sequence[Evaluation] = (),
              progress: Callable[[int], Any] | None = None, alive: Callable[[], bool] | None = None,
-             after_round: Callable[[], Any] | None = None) -> dict[str, float] | None:
-    """A unit: rounds `first`..`last` (run_rounds), then `evaluation` when one is due; returns
-    its metrics (None without one)."""
-    run_rounds(run, first, last, progress, alive, after_round)
-    return evaluation(run) if evaluation is not None else None
+             after_round: Callable[[], Any] | None = None,
+             evaluated: Callable[[Evaluation, dict[str, float]], Any] | None = None) -> None:
+    """A unit: rounds `first`..`last` (run_rounds), each of `evaluations` after the round that
+    makes it due, then `evaluated(evaluation, metrics)` when given."""
+    step = first
+    for evaluation in evaluations:
+        run_rounds(run, step, evaluation.done - 1, progress, alive, after_round)
+        metrics = evaluation(run)
+        if evaluated is not None:
+            evaluated(evaluation, metrics)
+        step = evaluation.done
+    run_rounds(run, step, last, progress, alive, after_round)
 
 
-def train_loop(run: TrainingRun, unit: Callable[[int, int, Evaluation | None], Any] | None = None,
+def train_loop(run: TrainingRun, unit: Callable[[int, int, list[Evaluation]], Any] | None = None,
                checkpoint: Callable[[int], Any] | None = None) -> None:
     """Every round from run.start_step to loop.steps, with the evaluations and checkpoints
-    that fall due. `unit(first, last, evaluation)` (rounds first..last, then the evaluation due
-    after them, if any: run_unit) and `checkpoint(done)` default to running them here."""
-    unit = unit or (lambda first, last, evaluation: run_unit(run, first, last, evaluation))
+    that fall due. `unit(first, last, evaluations)` (rounds first..last with the evaluations
+    due among them: run_unit) and `checkpoint(done)` default to running them here."""
+    unit = unit or (lambda first, last, evaluations: run_unit(run, first, last, evaluations))
     checkpoint = checkpoint or run.checkpoint
     loop = run.settings.loop
     # a command's libraries and the built run: never walked by the collector again (heap.py)
@@ -153,15 +171,12 @@ def train_loop(run: TrainingRun, unit: Callable[[int, int, Evaluation | None], A
         run.log(run.start_step, run.accounting.startup_metrics())
     for first, last in segments(loop, run.start_step):
         stopping.check(f"the rounds, before step {first}")
-        done = last + 1
-        evaluate_now, sampled, checkpoint_now = extras_due(loop, done)
-        evaluation = Evaluation(done, sampled, run.policy_version + done - first) if evaluate_now else None
-        unit(first, last, evaluation)
+        unit(first, last, evaluations_due(loop, first, last, run.policy_version))
         stopping.check("the rounds")  # a wrapper's stopped unit returns (its state says where)
         faults.crash_point("between_tasks", last)
-        if checkpoint_now:
+        if extras_due(loop, last + 1)[2]:
             extras = time.perf_counter()
-            checkpoint(done)
+            checkpoint(last + 1)
             run.accounting.scheduled_seconds += time.perf_counter() - extras
 
 

@@ -102,10 +102,9 @@ def test_prefect_shows_the_rounds_evaluations_and_checkpoints_as_task_runs(finis
         flows = [n for (n,) in con.execute("SELECT name FROM flow_run")]
         logs = "\n".join(m for (m,) in con.execute("SELECT message FROM log"))
         artifacts = {k: d for k, d in con.execute("SELECT key, data FROM artifact")}
-    # loop.eval_every=1: an evaluation after every round, so every task holds one round and
-    # ends with the evaluation of the version it published; the starting policy's has its own
-    assert [n for n in names if n.startswith("rounds-")] == [
-        "rounds-0-0+evaluate-v1", "rounds-1-1+evaluate-v2", "rounds-2-2+evaluate-v3"]
+    # loop.eval_every=1, checkpoint_every=2: an evaluation after every round, run inside the
+    # rounds task; a checkpoint ends a task. The starting policy's evaluation has its own.
+    assert [n for n in names if n.startswith("rounds-")] == ["rounds-0-1+evaluate-v1,v2", "rounds-2-2+evaluate-v3"]
     assert [n for n in names if n.startswith("evaluate-")] == ["evaluate-v0"]
     assert {"checkpoint-2", "checkpoint-3", "setup"} <= set(names)  # no random suffixes
     assert flows == ["e2e-replay"]  # the flow run is named after the run id
@@ -114,7 +113,7 @@ def test_prefect_shows_the_rounds_evaluations_and_checkpoints_as_task_runs(finis
     assert "Run e2e-replay finished" in logs and "held-out accuracy" in logs
     assert "Run e2e-replay finished" in artifacts["summary-e2e-replay"]
     for version in range(1, STEPS + 1):  # what each evaluation found, in its task's log (the UI's)
-        assert f"evaluated policy v{version}: held-out accuracy " in logs
+        assert f"evaluated policy v{version} after step {version}: held-out accuracy " in logs
 
 
 def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
