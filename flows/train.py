@@ -22,7 +22,7 @@ The flow only wraps library calls in Prefect tasks: the loop and its schedule ar
 replay_pipeline/run/loop.py's (`train_loop`), the run is built by replay_pipeline/run/build.py,
 and the configuration is checked (replay_pipeline/run/preflight.py) before Prefect starts.
 Consecutive rounds run as one Prefect task (`rounds-FIRST-LAST`, at most loop.rounds_per_task = 10 rounds, ending
-where an evaluation or a checkpoint falls due; the async loop adds one long `generator-W` task
+where a checkpoint falls due; the async loop adds one long `generator-W` task
 per generator process). The evaluations that fall due among a task's rounds run inside it,
 after the round that makes them due: the task is then named `rounds-FIRST-LAST+evaluate-vN`
 (`+evaluate-vA,vB` for several) and logs what each found (`evaluated policy vN after step N:
@@ -189,7 +189,7 @@ def rounds_task(run: TrainingRun, first: int, last: int, evaluations: list[Evalu
 @task(name="evaluate", task_run_name="evaluate-v{version}", **_task)
 @_stoppable
 def evaluate_task(run: TrainingRun, version: int, sampled: bool = False) -> dict[str, float]:
-    """The starting policy's evaluation (the later ones end the rounds tasks before them)."""
+    """The starting policy's evaluation (the later ones run inside the rounds tasks)."""
     return run.evaluate(version, sampled=sampled)
 
 

@@ -12,9 +12,9 @@ The points (see TrainingRun and the loop):
     warm_start        before warm-start step <step> (the built-in model's supervised start)
     generate          after sampling the step's completions, before they are scored or stored
     after_append      after the step's rollouts are committed, before learning and checkpoint
-    between_tasks     after the rounds task ending with step <step> (and the evaluation that
-                      ends it, when one is due) returned, before the next Prefect task (a
-                      checkpoint or the next rounds)
+    between_tasks     after the rounds task ending with step <step> (and the evaluations due
+                      among its rounds, which run inside it) returned, before the next Prefect
+                      task (a checkpoint or the next rounds)
     evaluate          inside the evaluation after <step> rounds, between its greedy and
                       sampled parts
     checkpoint_write  with every checkpoint file written but the directory not yet renamed

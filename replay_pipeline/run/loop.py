@@ -95,6 +95,24 @@ def segments(loop: Any, start: int) -> list[tuple[int, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """An evaluation due inside a unit, run by the unit after the round that makes `done`
+    rounds: `evaluation(run)` evaluates the policy then current, logs the metrics at step
+    `done` and returns them, timed as a scheduled extra. `version` is the policy version it
+    will see; a unit's wrapper names itself after its evaluations."""
+    done: int
+    sampled: bool
+    version: int
+
+    def __call__(self, run: TrainingRun) -> dict[str, float]:
+        began = time.perf_counter()
+        metrics = run.evaluate(run.policy_version, self.sampled)
+        run.accounting.scheduled_seconds += time.perf_counter() - began
+        _log_evaluation(run, self.done, metrics)
+        return metrics
+
+
 def evaluations_due(loop: Any, first: int, last: int, version: int) -> list[Evaluation]:
     """The evaluations due after rounds `first`..`last` of a unit starting at policy version
     `version` (each round publishes one), in order."""
@@ -121,24 +139,6 @@ def _log_evaluation(run: TrainingRun, done: int, metrics: Any) -> None:
     if isinstance(metrics, dict):
         run.log(done, metrics)
     stopping.check("the evaluation")
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """An evaluation due inside a unit, run by the unit after the round that makes `done`
-    rounds: `evaluation(run)` evaluates the policy then current, logs the metrics at step
-    `done` and returns them, timed as a scheduled extra. `version` is the policy version it
-    will see; a unit's wrapper names itself after its evaluations."""
-    done: int
-    sampled: bool
-    version: int
-
-    def __call__(self, run: TrainingRun) -> dict[str, float]:
-        began = time.perf_counter()
-        metrics = run.evaluate(run.policy_version, self.sampled)
-        run.accounting.scheduled_seconds += time.perf_counter() - began
-        _log_evaluation(run, self.done, metrics)
-        return metrics
 
 
 def run_unit(run: TrainingRun, first: int, last: int, evaluations: Sequence[Evaluation] = (),
