@@ -8,7 +8,7 @@ own shutdown chatter is silenced. Anything already set in the environment wins, 
 same flows run against a real Prefect server when PREFECT_API_URL is set.
 
 It also spares every command the interpreter's final garbage collection, 2.3-2.6 s of CPU at
-each exit here (replay_pipeline/process_exit.py).
+each exit here (replay_pipeline/system/process_exit.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from replay_pipeline.process_exit import skip_final_collection
+from replay_pipeline.system.process_exit import skip_final_collection
 
 
 def root_dir_from_argv(argv: list[str]) -> str:

@@ -5,7 +5,7 @@
     python -m flows.evaluate RUN_ID --root /data/runs --prompts 64   # first 64 held-out prompts
 
 Rebuilds the run's task and generator from `<root>/<run_id>/config.yaml`, loads the
-checkpoint's Hugging Face `model/` directory and runs replay_pipeline.evaluation.evaluate_all
+checkpoint's Hugging Face `model/` directory and runs replay_pipeline.training.evaluation.evaluate_all
 on the held-out prompts: greedy accuracy, the paper's pass@1 at temperature 0.1 and pass@k
 and sampling entropy at temperature 1. The metrics go to the run's own MLflow run (from the
 checkpoint's state.json) at step = the checkpoint's policy version, with the same numbers as
@@ -44,9 +44,9 @@ from typing import Any  # noqa: E402
 import flows  # noqa: E402,F401  (sets Prefect's environment before prefect is imported)
 from prefect import flow  # noqa: E402
 
-from replay_pipeline.checkpoints import (CheckpointError, checkpoint_name, checkpoint_step,  # noqa: E402
+from replay_pipeline.training.checkpoints import (CheckpointError, checkpoint_name, checkpoint_step,  # noqa: E402
                                          list_checkpoints, verify)
-from replay_pipeline.runs import RunPaths  # noqa: E402
+from replay_pipeline.system.runs import RunPaths  # noqa: E402
 
 
 class EvaluateError(Exception):
@@ -131,7 +131,7 @@ def load_generator(target: Target, task):
     from replay_pipeline.config import GeneratorConfig, RewardConfig
     from replay_pipeline.models.device import resolve_device
     from replay_pipeline.models.loading import generator_from_pretrained, read_state_dict
-    from replay_pipeline.scoring import set_reward_timeout
+    from replay_pipeline.algo.scoring import set_reward_timeout
 
     hf_logging.disable_progress_bar()  # per-file load bars would bury the summary
 
@@ -205,7 +205,7 @@ def evaluate(run_id: str, root: str = "runs", step: int | None = None, n: int = 
              prompts: int | None = None, seed: int = 0) -> dict[str, float]:
     """Evaluate one checkpoint of `run_id` and log the metrics to its MLflow run."""
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.evaluation import evaluate_all
+    from replay_pipeline.training.evaluation import evaluate_all
 
     target = resolve(run_id, root, step)
     task = build_task(target.cfg)

@@ -7,7 +7,7 @@
 
 Each export writes `<kind>.<format>` and `manifest.json` (runs, table versions or tag,
 filters, counts, the command) into --output; an sft export loads back as a task data set
-(the manifest's `load_as_task`). What each kind holds: replay_pipeline/export.py. Errors go
+(the manifest's `load_as_task`). What each kind holds: replay_pipeline/reports/export.py. Errors go
 to stderr with exit status 2, before anything is written.
 """
 
@@ -20,8 +20,8 @@ import shlex
 import sys
 
 import flows  # noqa: F401  (the package's environment defaults)
-from replay_pipeline.export import FORMATS, KINDS, export
-from replay_pipeline.viewer import ViewError
+from replay_pipeline.reports.export import FORMATS, KINDS, export
+from replay_pipeline.reports.viewer import ViewError
 
 
 def _range(text: str | None) -> tuple[int | None, int | None] | None:

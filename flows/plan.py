@@ -9,14 +9,14 @@
 Prints the optimal staleness horizon x* (in learner updates: x = K N / R) and replay ratio y* = K B / R, the buffer.capacity
 and loop.updates_per_step that realise them for R rollouts per step and minibatches of B, as
 Hydra overrides for flows.train, and the model's predicted gamma (compute to a target over
-on-policy). The math is replay_pipeline.planner; this module parses, reads the run and prints.
+on-policy). The math is replay_pipeline.algo.planner; this module parses, reads the run and prints.
 
 With --run, mu is the latest finite value of the run's `compute/mu` metric (seconds to
 generate a rollout over seconds to train on one) in its MLflow store, and R and B come from
 its params loop.prompts_per_step x loop.group_size and loop.minibatch_size unless given.
 alpha and rho default to illustrative values (0.25, 0.05) unless the run's `noise.json` holds
 measured ones: `--measure` writes it (replay_pipeline/run/measure.py: per-rollout gradients at
-the run's newest checkpoint, estimators and assumptions in replay_pipeline/noise.py), and
+the run's newest checkpoint, estimators and assumptions in replay_pipeline/algo/noise.py), and
 `--probe STEPS` first trains a short run to measure. The report says where each value came
 from, with the measured values' 95% intervals. Errors go to stderr with exit status 2 and say
 how to fix the call. Neither Prefect nor torch is imported (but by --measure and --probe), and
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import flows  # noqa: F401  (the package's environment defaults: MLflow logging level)
-from replay_pipeline import planner
+from replay_pipeline.algo import planner
 
 # The project's defaults (replay_pipeline.config.LoopConfig; a test keeps them equal). Not
 # imported from there so that this CLI does not load Hydra.
@@ -304,7 +304,7 @@ def overrides(result: planner.Plan, inputs: dict[str, Any]) -> list[str]:
 def render(result: planner.Plan, inputs: dict[str, Any]) -> str:
     R, B = result.rollouts_per_step, result.minibatch_size
     lines = [
-        "Replay plan (the paper's compute model, replay_pipeline.planner)",
+        "Replay plan (the paper's compute model, replay_pipeline.algo.planner)",
         f"  mu     {result.mu:.4g}  ({inputs['mu_source']})",
         f"  alpha  {result.alpha:.4g}  noise growth, sigma(x) ~ x^alpha ({inputs['alpha_source']})",
         f"  rho    {result.rho:.4g}  sample correlation ({inputs['rho_source']})",

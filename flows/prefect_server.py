@@ -25,7 +25,7 @@ starts one and `wait_ready()` waits for it (the tests share one a run root this 
 tests/servers.py).
 
 A new PREFECT_HOME's database starts as a copy of an empty, migrated one (`_seed_database`,
-through `replay_pipeline.sqlite_templates`): Prefect migrates a new SQLite database on its first
+through `replay_pipeline.tracking.sqlite_templates`): Prefect migrates a new SQLite database on its first
 start, about 14 s of CPU here, and registers its block types, about 2.4 s more; every new run
 root has a new home. The first server to make one keeps a copy, migrated and registered and
 before it serves, as `<cache>/prefect-db-<prefect version>-<key>/prefect.db` (`<key>`: a hash
@@ -94,7 +94,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import flows  # noqa: F401  (Prefect's environment before prefect is imported)
-from replay_pipeline import sqlite_templates
+from replay_pipeline.tracking import sqlite_templates
 
 #: Prefect server services off on the trainer's private server (see the module's docstring).
 IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "TRIGGERS")

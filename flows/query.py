@@ -8,7 +8,7 @@
     python -m flows.query rollouts RUN_ID --skip-damaged          # only the rows still readable
     python -m flows.query repair RUN_ID [--table rollouts|usage|all] [--dry-run]
 
-The CLI only parses arguments and renders; the queries are replay_pipeline.analysis, which
+The CLI only parses arguments and renders; the queries are replay_pipeline.reports.analysis, which
 is imported after parsing so that --help and argument errors answer at once (lancedb takes a
 few seconds to import). Errors go to stderr with exit status 2 and say how to fix the call;
 a filter that matches nothing is not an error (exit 0, with a note on stderr).
@@ -324,7 +324,7 @@ def _database_or_none(args: argparse.Namespace) -> str | None:
     except QueryError:
         if args.command != "runs" or args.uri:
             raise
-        from replay_pipeline.runs import list_runs as run_dirs  # start-up cost: after parsing, as analysis
+        from replay_pipeline.system.runs import list_runs as run_dirs  # start-up cost: after parsing, as analysis
         if not run_dirs(args.root):
             raise
         return None
@@ -436,7 +436,7 @@ def _with_status(table: Any, root: Path) -> Any:
     import pyarrow as pa
 
     from replay_pipeline.run.lineage import run_status
-    from replay_pipeline.runs import list_runs as run_dirs
+    from replay_pipeline.system.runs import list_runs as run_dirs
 
     stored = {row["run_id"]: row for row in table.to_pylist()} if table is not None else {}
     ids = list(dict.fromkeys([*run_dirs(root), *sorted(stored)]))
@@ -690,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag_lo} {a} > {flag_hi} {b} matches nothing: give {flag_lo} <= {flag_hi} (both inclusive)")
     try:
         uri = _database_or_none(args)
-        from replay_pipeline import analysis  # after parsing: lancedb is slow to import
+        from replay_pipeline.reports import analysis  # after parsing: lancedb is slow to import
         from replay_pipeline.buffer.lance_table import StoreError
 
         with _reading(analysis, args):

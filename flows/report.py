@@ -9,17 +9,17 @@ A sweep run in shards (the same grid with its --seeds, or its configurations, sp
 processes or machines, each with its own root) is reported as one with --shard ROOT
 PARENT_RUN_ID per further part: the shards must agree in name, baseline and every shared
 configuration's overrides, and no configuration and seed may be in two of them
-(replay_pipeline.report.merge_shards); the report goes to the first parent run.
+(replay_pipeline.reports.report.merge_shards); the report goes to the first parent run.
 
 --budget F reads every run as if it had stopped after the fraction F of its steps (exact for
-this project's runs, whose first rounds do not depend on their length: replay_pipeline.report,
+this project's runs, whose first rounds do not depend on their length: replay_pipeline.reports.report,
 "At a smaller budget"), to report-budget<F>/ beside the whole report.
 
 Reads the sweep's parent MLflow run (its sweep.json) and the metric histories of its finished
 children, then writes report.md, report.json and the plots (accuracy against generated tokens,
 measured seconds and compute projected at --mu, the frontier per family, pass@k, entropy and
 the buffer's staleness, reuse and steps-since-last-use distributions) to --out, and logs them
-to the parent run under report/. The work is replay_pipeline.report; this module parses and
+to the parent run under report/. The work is replay_pipeline.reports.report; this module parses and
 prints. Errors go to stderr with exit status 2 and say how to fix the call.
 """
 
@@ -34,7 +34,7 @@ from fractions import Fraction
 import flows  # noqa: F401  (the package's environment defaults: MLflow logging level)
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # sweep.json's download
-from replay_pipeline import report
+from replay_pipeline.reports import report
 
 
 def _mu(text: str) -> float:

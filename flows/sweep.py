@@ -32,19 +32,19 @@ and would confirm are refused (exit 2). sweep.json's `protocol` carries them to 
 
 **Shards.** A grid's seeds may be split over processes or machines, each a sweep of the same
 grid with its own `--seeds` and `tracking.root_dir`; `python -m flows.report PARENT --root A
---shard B PARENT_B` reports them as one (replay_pipeline.report.merge_shards).
+--shard B PARENT_B` reports them as one (replay_pipeline.reports.report.merge_shards).
 
 With learning-rate factors (the default grid: x0.5 and x2, on 2 of its seeds), a second stage follows: the
 baseline (`--baseline`, default `no_buffer`) and the best buffer configuration of the first
 stage (the lowest median per-seed crossing of the baseline's peak in projected compute,
-replay_pipeline.report.best_config) run again at their learning rate times each factor, as
+replay_pipeline.reports.report.best_config) run again at their learning rate times each factor, as
 configurations `<config>-lrx<factor>` of the same family, so the report can draw each family's
 Pareto frontier of accuracy against compute.
 
 The parent run holds `sweep.json` (each child's configuration, seed, run ids, status, held-out
 accuracy before, after and best, and the generation and training compute; the baseline, the
 families and the stage-1 best) and, at the end, the report under `report/`
-(replay_pipeline.report; `python -m flows.report PARENT_RUN_ID` makes it again).
+(replay_pipeline.reports.report; `python -m flows.report PARENT_RUN_ID` makes it again).
 
 The same flow is the `sweep` deployment (flows/deploy.py): its parameters are `configs` (name
 -> Hydra overrides), `seeds`, `overrides`, `name`, `grid`, `lr_factors`, `baseline`, `report`,
@@ -66,8 +66,8 @@ import flows  # noqa: F401  (sets Prefect's environment before prefect is import
 from prefect import flow
 
 from replay_pipeline.config import ConfigError, config_dir_override
-from replay_pipeline.resume import resolve_config
-from replay_pipeline.runs import RunPaths, ensure_writable
+from replay_pipeline.run.resume import resolve_config
+from replay_pipeline.system.runs import RunPaths, ensure_writable
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 DEFAULT_BASELINE = "no_buffer"
@@ -227,7 +227,7 @@ GRIDS: dict[str, Grid] = {
         about="the on-policy baseline against the headline's best buffer configuration and the two controls "
               "at three times the generation budget (19,200 rollouts, the baseline near its peak), 10 "
               "confirmation seeds (10-19)"),
-    # Adaptive reuse (replay_pipeline/reuse.py), its selection stage: the rules and their
+    # Adaptive reuse (replay_pipeline/algo/reuse.py), its selection stage: the rules and their
     # thresholds on the best static configuration's design (4 prompts a step, minibatches of
     # 32 from a positive-biased window of 512 drawn by |advantage|), up to 4 updates a round
     # instead of 1, on the selection seeds 0-3, with the static configuration and the
@@ -414,8 +414,8 @@ def equal_budget(configs: dict[str, list[str]], overrides: list[str], baseline: 
 def _parent_tracker(overrides: list[str], name: str, sweep_id: str, configs: dict[str, list[str]],
                     seeds: list[int]):
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.tracking import MlflowTracker
-    from replay_pipeline.runs import artifact_location
+    from replay_pipeline.tracking.tracker import MlflowTracker
+    from replay_pipeline.system.runs import artifact_location
 
     cfg = resolve_config(overrides)
     paths = RunPaths.make(cfg.tracking.root_dir, f"{name}-{sweep_id}")
@@ -500,9 +500,9 @@ def _run_children(children: list[Child], parent, results: list[dict[str, Any]]) 
 
 
 def _best(parent, record: dict[str, Any], baseline: str, log) -> str | None:
-    """The best buffer configuration of the first stage (replay_pipeline.report.best_config)."""
+    """The best buffer configuration of the first stage (replay_pipeline.reports.report.best_config)."""
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline import report
+    from replay_pipeline.reports import report
 
     parent.log_dict(record, "sweep.json")
     try:
@@ -522,10 +522,10 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
     `overrides` apply to all of them. Without `configs`, the grid `grid` (default "default").
 
     Two stages when there are learning-rate factors: (1) every configuration; (2) the
-    baseline and the best buffer configuration of stage 1 (replay_pipeline.report.best_config)
+    baseline and the best buffer configuration of stage 1 (replay_pipeline.reports.report.best_config)
     at their learning rate times each factor, as
     configurations of the same family (the report draws each family's Pareto frontier). Then
-    the report (replay_pipeline.report: plots, report.md) on the parent run."""
+    the report (replay_pipeline.reports.report: plots, report.md) on the parent run."""
     if lr_seeds is None and (grid is not None or configs is None):
         lr_seeds = GRIDS[grid or "default"].lr_seeds
     given = configs is not None
@@ -571,7 +571,7 @@ def _report(parent, baseline: str, mu: float, overrides: list[str]) -> dict[str,
     """The report on the finished sweep; a report that cannot be made is said, not raised (the
     runs are done and stored; `python -m flows.report` can be run again)."""
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline import report
+    from replay_pipeline.reports import report
 
     root = resolve_config(overrides).tracking.root_dir
     try:

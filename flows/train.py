@@ -10,9 +10,9 @@
     python -m flows.train --config-dir ~/presets task=mine # your presets: DIR/<group>/<option>.yaml
 
 The first line printed is the run id and the resume command. One process drives a run
-(replay_pipeline/lease.py): a second `train` or `resume=` on a live run is refused before any
+(replay_pipeline/system/lease.py): a second `train` or `resume=` on a live run is refused before any
 work (exit code 2), naming the holder. Stopping: Ctrl-C and SIGTERM ask the run to stop at its
-next safe point (replay_pipeline/stopping.py): it ends within seconds with one line, exit code
+next safe point (replay_pipeline/system/stopping.py): it ends within seconds with one line, exit code
 128 + the signal, MLflow KILLED, the Prefect flow run CANCELLED, and `resume=<run_id>`
 continues from the newest checkpoint without losing a stored rollout. Without PREFECT_API_URL
 the flow talks to a temporary server of its own (flows/prefect_server.py) that a terminal's
@@ -42,7 +42,7 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":  # answer --help and configuration errors before Prefect and torch load
-    from replay_pipeline.heap import defer_full_collections
+    from replay_pipeline.system.heap import defer_full_collections
 
     defer_full_collections()  # no full collection walks the heap while the libraries load (heap.py)
     from flows.usage import answer_early as _answer_early, names_a_live_run as _names_a_live_run
@@ -84,12 +84,12 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Crashed, State
 from prefect.utilities.annotations import quote
 
-from replay_pipeline import stopping
+from replay_pipeline.system import stopping
 from replay_pipeline.buffer.lance_table import StoreError
-from replay_pipeline.checkpoints import CheckpointError
+from replay_pipeline.training.checkpoints import CheckpointError
 from replay_pipeline.config import ConfigError
-from replay_pipeline.resume import resolve_config
-from replay_pipeline.lease import LeaseHeld, acquire
+from replay_pipeline.run.resume import resolve_config
+from replay_pipeline.system.lease import LeaseHeld, acquire
 from replay_pipeline.run.build import build_run, run_mode
 from replay_pipeline.run.engines import run_dask_worker
 from replay_pipeline.run.loop import Evaluation, evaluate_start, generators_running, run_unit, train_loop
@@ -97,8 +97,8 @@ from replay_pipeline.run.lineage import note_flow_run
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import check_start_point, preflight
 from replay_pipeline.run.workers import run_worker_process
-from replay_pipeline.run_plots import run_plots
-from replay_pipeline.runs import RunPaths
+from replay_pipeline.reports.run_plots import run_plots
+from replay_pipeline.system.runs import RunPaths
 from flows.prefect_server import temporary_server
 from flows.usage import answer_early, command_line, early_config, say
 from flows.progress import UI_ONLY, Progress, filter_console, quiet_prefect_task_logs, summary_text
@@ -108,7 +108,7 @@ _task = dict(cache_policy=NO_CACHE, persist_result=False)
 
 def _stoppable(body):
     """A task body that ends as a CANCELLED task run when the run is asked to stop inside it
-    (replay_pipeline/stopping.py), instead of failing with a traceback; the loop then sees
+    (replay_pipeline/system/stopping.py), instead of failing with a traceback; the loop then sees
     the request and the flow ends the run."""
     @functools.wraps(body)
     def wrapper(*args, **kwargs):
@@ -324,7 +324,7 @@ def flow_run_name() -> str:
 def train(overrides: list[str] | None = None) -> dict[str, Any] | State:
     """Train with experience replay; `overrides` are Hydra overrides (`algo.lr=3e-5`,
     `resume=<run_id>`, `fork=<run_id>@<step>`). A stop request (Ctrl-C, SIGTERM,
-    replay_pipeline/stopping.py) ends it at the next safe point: MLflow KILLED, and the flow
+    replay_pipeline/system/stopping.py) ends it at the next safe point: MLflow KILLED, and the flow
     run CANCELLED (the returned state) with what to type to resume it."""
     cfg = resolve_config(overrides)
     if cfg.resume is None and cfg.run_id is None:

@@ -106,12 +106,12 @@ def early_config(argv: list[str]) -> Any | None:
 
 def names_a_live_run(argv: list[str]) -> bool:
     """Whether the command line continues (`resume=ID`) or reuses (`run_id=ID`) a run that
-    another live process drives (its lease, replay_pipeline/lease.py), read from the command
+    another live process drives (its lease, replay_pipeline/system/lease.py), read from the command
     line alone, before anything loads: such a command is refused once its configuration is
     checked, so flows/train.py then does not boot a Prefect server for it (5-9 s of CPU beside
     the live run). `resume=last` and anything unclear say False: the server then boots as usual."""
     from flows import root_dir_from_argv  # start-up cost: none, stdlib only
-    from replay_pipeline.lease import holder
+    from replay_pipeline.system.lease import holder
 
     for arg in argv:
         key, sep, value = arg.lstrip("+").partition("=")
@@ -129,7 +129,7 @@ def answer_early(argv: list[str]) -> int | None:
         say(usage())
         return 0
     from replay_pipeline.config import ConfigError  # start-up cost: hydra and the schema only
-    from replay_pipeline.resume import resolve_config
+    from replay_pipeline.run.resume import resolve_config
 
     try:
         overrides, _ = command_line(argv)

@@ -13,7 +13,7 @@ Pages (server-rendered HTML, no script or asset fetched from anywhere; charts ar
 - `/run/RUN/rollouts?versions=LO:HI&correct=1&min_reuse=2`: a filtered page of rollouts;
 - `/compare?runs=A,B`: two runs' charts side by side.
 Every run page takes `?tag=step-000100` to read the tables as of that checkpoint. The data
-comes from replay_pipeline/viewer.py (pushed-down reads, a page at a time); a missing run or a
+comes from replay_pipeline/reports/viewer.py (pushed-down reads, a page at a time); a missing run or a
 damaged table gives a page that says so (HTTP 404 or 409), not a traceback. Bound to 127.0.0.1
 by default: the tables hold everything the runs generated.
 """
@@ -33,8 +33,8 @@ import flows  # noqa: F401  (the package's environment defaults)
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from replay_pipeline import viewer
-from replay_pipeline.viewer import ViewError
+from replay_pipeline.reports import viewer
+from replay_pipeline.reports.viewer import ViewError
 
 STYLE = """body{font-family:sans-serif;margin:1.2em;color:#222}table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}th{background:#f0f0f0}

@@ -107,8 +107,8 @@ SLOW = 10.0
 
 # ------------------------------------------------------------------ running the CLI
 def _env(root: Path, extra: dict[str, str]) -> dict[str, str]:
-    from replay_pipeline.faults import ENV, SIGNAL_ENV, SIGNAL_LOG_ENV
-    from replay_pipeline.runs import CACHE_ENV
+    from replay_pipeline.system.faults import ENV, SIGNAL_ENV, SIGNAL_LOG_ENV
+    from replay_pipeline.system.runs import CACHE_ENV
 
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            CACHE_ENV: str(root / "cache")}
@@ -237,7 +237,7 @@ def make_hf(paths: Paths) -> None:
 
 
 def _complete(root: Path, run_id: str) -> bool:
-    from replay_pipeline.checkpoints import list_checkpoints
+    from replay_pipeline.training.checkpoints import list_checkpoints
 
     return (root / run_id / "config.yaml").is_file() and bool(list_checkpoints(root / run_id / "checkpoints"))
 
@@ -305,7 +305,7 @@ def snapshot(root: Path, run_id: str) -> dict:
     """Row counts of the run's rollout and usage tables and its checkpoints."""
     from replay_pipeline.buffer import RolloutStore
     from replay_pipeline.buffer.usage import UsageStore
-    from replay_pipeline.checkpoints import list_checkpoints
+    from replay_pipeline.training.checkpoints import list_checkpoints
 
     return {"rollouts": RolloutStore.open(root / "lancedb", run_id).count(),
             "usage": UsageStore.open(root / "lancedb", run_id).count(),

@@ -26,7 +26,7 @@ PACKAGES = ("replay_pipeline", "flows")
 RUN_PACKAGE = "replay_pipeline.run"
 RUN_MODULE_LINES = 400
 #: Modules that a bare torch + transformers machine runs (GPU-CHECK.md), and what they must not need.
-BARE = ("replay_pipeline.learner", "replay_pipeline.objectives", "replay_pipeline.generation",
+BARE = ("replay_pipeline.training", "replay_pipeline.algo", "replay_pipeline.generation",
         "replay_pipeline.models")
 HEAVY = ("lancedb", "lance", "prefect", "mlflow")
 

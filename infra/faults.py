@@ -7,7 +7,7 @@ a machine sends, then resumed, against a run that was never stopped.
 
 SIGINT goes to the run's process group, as Ctrl-C in a terminal sends it; SIGTERM and SIGKILL
 to the trainer's PID only, as `kill` does. Each is sent by the run itself when it reaches the
-point (replay_pipeline/faults.py), which notes the time, so "exit" is the seconds from the
+point (replay_pipeline/system/faults.py), which notes the time, so "exit" is the seconds from the
 signal to the process's end. For each case it reports: the exit code and the last line
 printed, whether a traceback was printed, the MLflow run's status and the Prefect flow run's
 state once the process is gone, processes left behind (in the run's session, or its
@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from replay_pipeline.config.tiny import tiny_overrides  # noqa: E402
-from replay_pipeline.faults import ENV, SIGNAL_ENV, SIGNAL_LOG_ENV  # noqa: E402
+from replay_pipeline.system.faults import ENV, SIGNAL_ENV, SIGNAL_LOG_ENV  # noqa: E402
 from replay_pipeline.run.lineage import run_status  # noqa: E402
-from replay_pipeline.runs import CACHE_ENV  # noqa: E402
+from replay_pipeline.system.runs import CACHE_ENV  # noqa: E402
 
 TINY = tiny_overrides(1)
 STEPS = 20
@@ -113,7 +113,7 @@ def fingerprint(root: Path, run_id: str) -> dict:
 
     from replay_pipeline.buffer import RolloutStore
     from replay_pipeline.buffer.usage import UsageStore
-    from replay_pipeline.checkpoints import list_checkpoints
+    from replay_pipeline.training.checkpoints import list_checkpoints
 
     # Rollout ids begin with the run id: rows are keyed by their id without it.
     rows = RolloutStore.open(root / "lancedb", run_id).window(

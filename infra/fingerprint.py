@@ -25,8 +25,8 @@ from mlflow.tracking import MlflowClient
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.schema import ADDED_LATER
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.checkpoints import list_checkpoints
-from replay_pipeline.runs import RunPaths
+from replay_pipeline.training.checkpoints import list_checkpoints
+from replay_pipeline.system.runs import RunPaths
 
 
 def _digest(rows: list) -> str:

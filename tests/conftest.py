@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 # are content-addressed by their settings, so the tiny test model is trained once per run of
 # the suite instead of once per module.
 from replay_pipeline.config.tiny import tiny_overrides  # noqa: E402  (after sys.path is set)
-from replay_pipeline.runs import CACHE_ENV  # noqa: E402
+from replay_pipeline.system.runs import CACHE_ENV  # noqa: E402
 
 os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts-"))))
 

@@ -44,13 +44,13 @@ def run_bare(cfg, steps: int, eval_every: int, log: Callable[[str], Any] = print
     # start-up cost: torch, only on this path
     import torch
 
-    from replay_pipeline.evaluation import evaluate_greedy
+    from replay_pipeline.training.evaluation import evaluate_greedy
     from replay_pipeline.generation import TransformersGenerator
-    from replay_pipeline.learner import collate
-    from replay_pipeline.objectives import LossInputs, aggregate, grpo_clip
+    from replay_pipeline.training.learner import collate
+    from replay_pipeline.algo.objectives import LossInputs, aggregate, grpo_clip
     from replay_pipeline.run.accounting import process_started
     from replay_pipeline.run.batches import step_prompts
-    from replay_pipeline.scoring import group_advantages
+    from replay_pipeline.algo.scoring import group_advantages
 
     start = time.perf_counter()
     task, model, tokenizer = load_side_policy(cfg, log)

@@ -1,5 +1,5 @@
 """What one second of a run's metrics costs to store in MLflow's SQLite store: MLflow's own
-`log_batch` against the row writer the tracker uses (replay_pipeline/mlflow_sqlite.py).
+`log_batch` against the row writer the tracker uses (replay_pipeline/tracking/mlflow_sqlite.py).
 
     python -m replay_pipeline.benchmarks.metrics                     # 40 batches of 6 rounds x 95 metrics
     python -m replay_pipeline.benchmarks.metrics --batches 100 --out metrics.json
@@ -25,8 +25,8 @@ from pathlib import Path
 
 def run_benchmark(batches: int, rounds: int, metrics: int, root: str | Path) -> dict:
     # start-up cost: mlflow loads in the benchmark only (tracking first: it quiets MLflow's logs)
-    from replay_pipeline.mlflow_sqlite import open_writer
-    from replay_pipeline.tracking import seed_sqlite_store
+    from replay_pipeline.tracking.mlflow_sqlite import open_writer
+    from replay_pipeline.tracking.tracker import seed_sqlite_store
 
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient

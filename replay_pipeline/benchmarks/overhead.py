@@ -73,7 +73,7 @@ def run_loop(mode: str, steps: int, root: str, extra: list[str]) -> dict[str, An
     if mode == "async":  # each generator's cumulative stats (replay_pipeline/run/files.py)
         # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
         from replay_pipeline.run.files import AsyncDir
-        from replay_pipeline.runs import RunPaths
+        from replay_pipeline.system.runs import RunPaths
 
         control = AsyncDir.of(RunPaths.make(root, summary["run_id"]).run_dir)
         workers = [control.read_stats(w) for w in range(len(list(control.path.glob("worker-*.json"))))]

@@ -566,8 +566,8 @@ def run_benchmark(steps: int, repeats: int, root: str | Path, eval_every: int | 
     cfg, eval_every = check_inputs(steps, root, eval_every, overrides, need_trl="trl" in sides)
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from replay_pipeline.models.device import auto_threads
-    from replay_pipeline.runs import RunPaths, artifact_location, new_run_id
-    from replay_pipeline.tracking import MlflowTracker
+    from replay_pipeline.system.runs import RunPaths, artifact_location, new_run_id
+    from replay_pipeline.tracking.tracker import MlflowTracker
 
     if not cfg.model.torch_threads:  # one count for every side, chosen once
         threads, why = auto_threads()

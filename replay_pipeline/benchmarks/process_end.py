@@ -1,5 +1,5 @@
 """What a command's end costs: `python -m flows.train` with and without the skipped final
-garbage collection (replay_pipeline/process_exit.py), interleaved.
+garbage collection (replay_pipeline/system/process_exit.py), interleaved.
 
     python -m replay_pipeline.benchmarks.process_end                 # 3 pairs of a 4-step tiny run
     python -m replay_pipeline.benchmarks.process_end --repeats 5 --steps 8
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from replay_pipeline.config.tiny import tiny_overrides
-from replay_pipeline.runs import CACHE_ENV
+from replay_pipeline.system.runs import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [*tiny_overrides(1), "loop.eval_every=0", "loop.passk_every=0"]

@@ -148,7 +148,7 @@ def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides
     our side, eval_every). Raises BenchmarkError (or ConfigError, also a ValueError). TRL
     must be installed only when its side runs (`need_trl`)."""
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.resume import resolve_config
+    from replay_pipeline.run.resume import resolve_config
 
     if not isinstance(steps, int) or steps < 1:
         raise BenchmarkError(f"--steps {steps} must be an integer >= 1 (learner steps on each side)")
@@ -185,7 +185,7 @@ def check_inputs(steps: int, root: str | Path, eval_every: int | None, overrides
     if problems:
         raise BenchmarkError("this configuration has no TRL counterpart:\n  - " + "\n  - ".join(problems))
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.runs import ensure_writable
+    from replay_pipeline.system.runs import ensure_writable
 
     ensure_writable(root)  # PermissionError with the fix
     return cfg, eval_every
@@ -212,7 +212,7 @@ def load_side_policy(cfg, log: Callable[[str], Any] = print):
 
     from replay_pipeline.config import TASK_DEFAULTS
     from replay_pipeline.models.policy import load_policy
-    from replay_pipeline.runs import RunPaths
+    from replay_pipeline.system.runs import RunPaths
     from replay_pipeline.tasks import task_from_config
 
     if cfg.model.torch_threads:
@@ -337,7 +337,7 @@ def run_trl(cfg, steps: int, eval_every: int, work_dir: Path, log: Callable[[str
     from trl import GRPOConfig, GRPOTrainer
 
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
-    from replay_pipeline.evaluation import evaluate_greedy
+    from replay_pipeline.training.evaluation import evaluate_greedy
     from replay_pipeline.generation import TransformersGenerator
     from replay_pipeline.run.accounting import process_started
     from replay_pipeline.run.batches import step_prompts

@@ -8,7 +8,7 @@ interpreter's full collections during start-up, interleaved.
 Arms, each a fresh process and a new run id (a 2-step default run, no evaluation but the
 step-0 one, which the start-up figure leaves out):
 - **as installed**: the command as `infra/install.sh` leaves it, bytecode compiled at install
-  time and full collections deferred until the first round (replay_pipeline/heap.py);
+  time and full collections deferred until the first round (replay_pipeline/system/heap.py);
 - **no bytecode**: `PYTHONPYCACHEPREFIX` pointed at an empty folder and
   `PYTHONDONTWRITEBYTECODE=1`, so every module is compiled from source in every process:
   what a machine that sets PYTHONDONTWRITEBYTECODE=1 (this kind does) got before the install
@@ -37,7 +37,7 @@ from replay_pipeline.benchmarks.process_end import measure, table, train_command
 RUN = ["experiment=no_buffer", "loop.eval_every=0", "loop.passk_every=0", "loop.checkpoint_every=0",
        "tracking.progress=false", "tracking.log_model=false", "tracking.experiment=startup-benchmark"]
 #: The control arm with the interpreter's full collections during start-up.
-FULL_COLLECTIONS = train_command("from replay_pipeline import heap\nheap.defer_full_collections = lambda: None")
+FULL_COLLECTIONS = train_command("from replay_pipeline.system import heap\nheap.defer_full_collections = lambda: None")
 ARMS = ("as installed", "no bytecode", "full collections")
 
 

@@ -55,7 +55,7 @@ def child(threads: int, steps: int, warm_steps: int, root: str, policy: str) -> 
     from replay_pipeline.run.build import build_run
     from replay_pipeline.run.loop import run_rounds
     from replay_pipeline.tasks import task_from_config
-    from replay_pipeline.tracking import NullTracker
+    from replay_pipeline.tracking.tracker import NullTracker
 
     cfg = load_config([f"tracking.root_dir={root}", f"model.torch_threads={threads}", "tracking.progress=false",
                        f"model.path={policy}", f"loop.steps={steps + 1}", "loop.eval_every=0",
@@ -97,7 +97,7 @@ def default_policy(root: str) -> str:
 
     from replay_pipeline.config import TASK_DEFAULTS, load_config
     from replay_pipeline.models.policy import load_policy
-    from replay_pipeline.runs import RunPaths
+    from replay_pipeline.system.runs import RunPaths
     from replay_pipeline.tasks import task_from_config
 
     cfg = load_config([f"tracking.root_dir={root}"])

@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay_pipeline.threadnames import os_named
+from replay_pipeline.system.threadnames import os_named
 
 from .store import RolloutStore
 from .usage import UsageStore

@@ -805,7 +805,7 @@ class LanceTable:
             raise ConcurrentAppend(
                 f"cannot append to {self.table_name!r}: the rows were numbered for a table of {expect_count} "
                 f"rows, but it holds {held}: another process appended in between. Nothing was written. A "
-                "run has one driver (replay_pipeline/lease.py), so this is a second process on the same "
+                "run has one driver (replay_pipeline/system/lease.py), so this is a second process on the same "
                 "table (another root on the same buffer.uri?); stopping rather than interleaving two runs' "
                 "steps. `python -m flows.query runs` shows who holds each run")
         self._dataset().insert(prepared)

@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from replay_pipeline.bounds import Bound
+from replay_pipeline.algo.bounds import Bound
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ own batch counter.
 
 ``reward_error`` (nullable string, right after ``reward``) is null for a rollout whose verifier
 returned a finite number, and otherwise says why it was flagged: ``"reward raised ValueError:
-boom"``, ``"reward was nan"``, ``"reward was inf"`` (see :func:`replay_pipeline.scoring.safe_reward`).
+boom"``, ``"reward was nan"``, ``"reward was inf"`` (see :func:`replay_pipeline.algo.scoring.safe_reward`).
 A flagged rollout is stored like any other with ``reward`` 0.0 and ``correct`` False. It is, with
 ``worker``, a column a row dict may leave out (:data:`OPTIONAL_INPUT_COLUMNS`): :func:`rows_to_table`
 fills a missing one with null, so row builders written before the column existed

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from replay_pipeline import faults
+from replay_pipeline.system import faults
 from replay_pipeline.buffer.cache import WindowCache
 from replay_pipeline.buffer.lance_table import ConcurrentAppend
 from replay_pipeline.buffer.store import RolloutStore

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from replay_pipeline.threadnames import name_os_thread
+from replay_pipeline.system.threadnames import name_os_thread
 
 __all__ = ["WriteBehind"]
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LOOP_ENGINES, LOOP_MODES, LOSS_AGGREGATIONS,
                                            TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS, AlgoConfig, Config,
                                            ConfigError, GeneratorConfig)
-from replay_pipeline.reuse import RULES
+from replay_pipeline.algo.reuse import RULES
 from replay_pipeline.tasks import CUSTOM, TASKS, unused_task_fields
 from replay_pipeline.tasks.answers import FALLBACKS
 from replay_pipeline.tasks.math import FORMATS
@@ -38,7 +38,7 @@ def valid_dask_address(address: str) -> bool:
 def owner_bounds(owner: str) -> dict[str, Any]:
     """The bounds a library component states for its own values (see schema.owned)."""
     if owner == "learner":
-        from replay_pipeline.learner import LEARNER_BOUNDS  # start-up cost: torch, only when validating
+        from replay_pipeline.training.learner import LEARNER_BOUNDS  # start-up cost: torch, only when validating
 
         return LEARNER_BOUNDS
     from replay_pipeline.buffer.sampling import RULE_BOUNDS  # start-up cost: the buffer package loads lancedb
@@ -135,7 +135,7 @@ def validate(cfg: DictConfig | Config) -> None:
              f"rollouts per step ({rollouts}); use `buffer=none` as it is, or set them to match")
     problems.extend(buffer_storage_problems(buf))
 
-    from replay_pipeline.objectives import OBJECTIVES, objective_param_names  # start-up cost: torch
+    from replay_pipeline.algo.objectives import OBJECTIVES, objective_param_names  # start-up cost: torch
 
     need(algo.objective in OBJECTIVES,
          f"algo.objective={algo.objective!r} is not one of {sorted(OBJECTIVES)}")

@@ -5,7 +5,7 @@ The YAML files under ``conf/`` are presets that only state what differs from the
 defaults; Hydra merges them onto these dataclasses (replay_pipeline/config/compose.py), so a
 typo in a preset or an override (``buffer.capacitty=3``) fails at composition with the list of
 valid keys. A field's bound is declared with the field: ``bounded(default, ge=1)`` (the rule
-and its words, replay_pipeline/bounds.py), or ``owned(default, "learner")`` for a value whose
+and its words, replay_pipeline/algo/bounds.py), or ``owned(default, "learner")`` for a value whose
 bound a library component states itself (the learner's coefficients, the sampling rules).
 Rules across fields are replay_pipeline/config/rules.py's. Nothing here does I/O.
 """
@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from replay_pipeline.bounds import Bound
+from replay_pipeline.algo.bounds import Bound
 
 
 def bounded(default: Any, **bound: Any) -> Any:
@@ -26,7 +26,7 @@ def bounded(default: Any, **bound: Any) -> Any:
 
 def owned(default: Any, owner: str) -> Any:
     """A dataclass field whose bound the component `owner` states (`learner`: LEARNER_BOUNDS
-    of replay_pipeline/learner.py; `sampling`: RULE_BOUNDS of replay_pipeline/buffer/sampling.py)."""
+    of replay_pipeline/training/learner.py; `sampling`: RULE_BOUNDS of replay_pipeline/buffer/sampling.py)."""
     return field(default=default, metadata={"owner": owner})
 
 
@@ -264,7 +264,7 @@ class BufferConfig:
 @dataclass
 class AlgoConfig:
     objective: str = "grpo_clip"
-    """Policy loss, one of replay_pipeline.objectives.OBJECTIVES: `grpo_clip` (the paper's),
+    """Policy loss, one of replay_pipeline.algo.objectives.OBJECTIVES: `grpo_clip` (the paper's),
     `asymre` (REINFORCE, baseline = group mean reward + delta_v), `tis` (REINFORCE weighted
     by min(ratio, tis_cap)), `topr` (positives unweighted, negatives by clip(ratio, 0, 1))."""
     delta_v: float = -0.1
@@ -389,7 +389,7 @@ class TrackingConfig:
 
 @dataclass
 class RewardConfig:
-    """How the task's reward is called (replay_pipeline/scoring.py), in training, in the async
+    """How the task's reward is called (replay_pipeline/algo/scoring.py), in training, in the async
     generators and in every evaluation alike."""
     timeout: Optional[float] = bounded(30.0, gt=0, finite=True, null="for no timeout")
     """Seconds one call of the reward may take. A call that takes longer scores 0, flagged
@@ -408,12 +408,12 @@ class RewardConfig:
     `.args` (keyword arguments of each call). `fn(prompt, completion, finish_reason, **args)`
     returns a number; the training reward is verifier_weight x verifier + the sum of weight x
     term, each term's batch mean logged as score/term/NAME. Correctness (score/accuracy, every
-    evaluation) stays the verifier's alone. Guarded like the verifier (replay_pipeline/scoring.py)."""
+    evaluation) stays the verifier's alone. Guarded like the verifier (replay_pipeline/algo/scoring.py)."""
 
 
 @dataclass
 class ReuseConfig:
-    """Adaptive reuse (replay_pipeline/reuse.py): how many learner updates a round takes,
+    """Adaptive reuse (replay_pipeline/algo/reuse.py): how many learner updates a round takes,
     decided before each update from its own diagnostics. `fixed` (the default) is the paper's
     constant K = loop.updates_per_step."""
     rule: str = "fixed"
@@ -445,7 +445,7 @@ class Config:
     """Run id to continue from its newest valid checkpoint, into the same rollout table and
     MLflow run. Only keys that do not change the trajectory may be overridden with it
     (loop.steps to extend the run, evaluation/checkpoint cadence, tracking.progress,
-    model.torch_threads); see replay_pipeline/resume.py."""
+    model.torch_threads); see replay_pipeline/run/resume.py."""
     fork: Optional[str] = None
     """`<run_id>@<step>`: start a new run from that run's checkpoint at `step`, its buffer
     beginning as the source's rollout table at tag step-<step> (shared, not copied). Any

@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from replay_pipeline import stopping
+from replay_pipeline.system import stopping
 from replay_pipeline.generation.base import Sample, call_settings, check_positions, encode_prompts
 
 

@@ -104,7 +104,7 @@ import numpy as np
 import torch
 
 from replay_pipeline.generation.base import Sample, call_settings, check_positions, encode_prompts
-from replay_pipeline.learner import collate
+from replay_pipeline.training.learner import collate
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from replay_pipeline.models.loading import load_pretrained
 from replay_pipeline.models.warmstart import warm_start, warm_start_dir
-from replay_pipeline.runs import RunPaths
+from replay_pipeline.system.runs import RunPaths
 
 
 def policy_dir(cfg: Any, task, paths: RunPaths) -> Path:

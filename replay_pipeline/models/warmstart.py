@@ -21,7 +21,7 @@ Decisions:
   no dropout. It trains at the caller's torch thread count (a run's `model.torch_threads`:
   two threads on two cores shared with another job spin-wait 10-30x slower), and the count is
   part of the cache key, since another count sums in another order and gives other weights.
-- A stop request (Ctrl-C, SIGTERM: replay_pipeline/stopping.py) ends it between steps; the
+- A stop request (Ctrl-C, SIGTERM: replay_pipeline/system/stopping.py) ends it between steps; the
   temporary directory is removed and nothing is cached.
 """
 
@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from replay_pipeline import faults, stopping
-from replay_pipeline.evaluation import evaluate_greedy
+from replay_pipeline.system import faults, stopping
+from replay_pipeline.training.evaluation import evaluate_greedy
 from replay_pipeline.generation import TransformersGenerator
 from replay_pipeline.models.loading import load_pretrained
 from replay_pipeline.models.tiny import DEFAULT_CHARS, build_tiny_model, build_tokenizer
@@ -156,7 +156,7 @@ def greedy_accuracy(
 ) -> float:
     """Mean verifier reward of greedy completions: the fraction correct for a 0/1 verifier.
 
-    The same evaluation as the training loop's (replay_pipeline.evaluation), on a copy of
+    The same evaluation as the training loop's (replay_pipeline.training.evaluation), on a copy of
     `model` (the caller's weights, mode and gradients are left alone).
     """
 

@@ -1,7 +1,7 @@
 """A run's accounting: the compute ledger's totals as metrics, the pipeline's own overhead,
 and the summary printed and logged at the end.
 
-`Accounting` holds the ledger (replay_pipeline/compute.py) and the clocks of this process:
+`Accounting` holds the ledger (replay_pipeline/algo/compute.py) and the clocks of this process:
 when it started, when its rounds began, the seconds spent in scheduled extras (evaluations,
 checkpoints) and waiting for rollouts, and the async generators' cumulative stats. It reads
 nothing else of the run; the phases add to the ledger as they spend.
@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from replay_pipeline.compute import ComputeLedger
+from replay_pipeline.algo.compute import ComputeLedger
 
 
 def process_started() -> float:
@@ -52,7 +52,7 @@ class Accounting:
     """Ledger totals when this process's rounds began (the overhead figure counts from them)."""
 
     frozen_objects: int = 0
-    """Objects frozen at the first round (replay_pipeline/heap.py; 0 where none were)."""
+    """Objects frozen at the first round (replay_pipeline/system/heap.py; 0 where none were)."""
 
     def start_loop(self, frozen_objects: int = 0) -> None:
         self.frozen_objects = frozen_objects

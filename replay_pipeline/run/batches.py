@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from replay_pipeline import faults
+from replay_pipeline.system import faults
 from replay_pipeline.buffer.schema import columns_to_table, group_rollout_ids
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, make_usage_ids
 from replay_pipeline.generation.base import Sample
-from replay_pipeline.scoring import RewardTerm, check_flagged, group_advantages, score_items, warn_flagged
+from replay_pipeline.algo.scoring import RewardTerm, check_flagged, group_advantages, score_items, warn_flagged
 from replay_pipeline.tasks.custom import load_target
 from replay_pipeline.tasks.base import Prompt
 
@@ -91,7 +91,7 @@ def score_batch(task, batch: GeneratedBatch, run_id: str, g: int, worker: int | 
                 max_flagged_fraction: float = 1.0, terms: Sequence[RewardTerm] = (),
                 verifier_weight: float = 1.0) -> tuple[pa.Table, dict[str, float]]:
     """Reward every completion (the task's verifier, plus the weighted `terms` if any; see
-    replay_pipeline/scoring.py score_items), freeze group advantages, and lay the rollouts out
+    replay_pipeline/algo/scoring.py score_items), freeze group advantages, and lay the rollouts out
     as rows of the rollout table (see TrainingRun.score). RewardFailure, before anything is
     stored, when more than `max_flagged_fraction` of them were flagged."""
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Building a run: from a validated configuration to a `TrainingRun` ready for its first round.
 
 `build_run(cfg)` makes a new run, a resume (cfg.resume) or a fork (cfg.fork; which keys they
-may change is replay_pipeline/resume.py's): the pre-flight checks first, then the run
+may change is replay_pipeline/run/resume.py's): the pre-flight checks first, then the run
 directory, the start point (a verified checkpoint, found before any model is built), the
 settings, the task, the policy (version 0, also on resume: it is the KL reference), the
 generator and learner, the tables, the MLflow run, the checkpoint's state restored, and for
@@ -17,15 +17,15 @@ from typing import Any, Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from replay_pipeline import stopping
+from replay_pipeline.system import stopping
 from replay_pipeline.buffer.cache import WindowCache
 from replay_pipeline.buffer.store import META_COLUMNS
 from replay_pipeline.buffer.tables import RunTables
-from replay_pipeline.compute import ComputeLedger
+from replay_pipeline.algo.compute import ComputeLedger
 from replay_pipeline.config import TASK_DEFAULTS, flatten
 from replay_pipeline.generation import build_generator
-from replay_pipeline.learner import Learner
-from replay_pipeline.lease import acquire
+from replay_pipeline.training.learner import Learner
+from replay_pipeline.system.lease import acquire
 from replay_pipeline.models.device import auto_threads, resolve_device
 from replay_pipeline.models.policy import load_policy
 from replay_pipeline.run.accounting import Accounting
@@ -37,12 +37,12 @@ from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import preflight
 from replay_pipeline.run.replay import ReplaySampler
 from replay_pipeline.run.settings import Settings, build_settings
-from replay_pipeline.runs import RunPaths, new_run_id
-from replay_pipeline.scoring import set_reward_timeout
+from replay_pipeline.system.runs import RunPaths, new_run_id
+from replay_pipeline.algo.scoring import set_reward_timeout
 from replay_pipeline.tasks import task_from_config
 from replay_pipeline.tasks.custom import absolute_target
-from replay_pipeline.tracking import MlflowTracker, NullTracker
-from replay_pipeline.weights import WeightStore
+from replay_pipeline.tracking.tracker import MlflowTracker, NullTracker
+from replay_pipeline.training.weights import WeightStore
 
 
 def run_mode(cfg: DictConfig) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """The async loop's file protocol, one floor up from the ground: what the learner and its
 generator workers tell each other through <run_dir>/async/ (no torch, no tables; of the project
-it imports only replay_pipeline/threadnames.py, to name its heartbeat thread).
+it imports only replay_pipeline/system/threadnames.py, to name its heartbeat thread).
 
     STOP                 the learner ended (finished, failed or killed): workers stop
     HEARTBEAT            the learner's session and a counter, replaced every few seconds
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replay_pipeline.threadnames import os_named
+from replay_pipeline.system.threadnames import os_named
 
 STOP = "STOP"
 HEARTBEAT = "HEARTBEAT"

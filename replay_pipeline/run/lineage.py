@@ -14,7 +14,7 @@ continues, what its checkpoints hold, and its record `<run_dir>/run.json`.
   checkpoint).
 
 Configuration rules for resume and fork (which keys may change) are
-replay_pipeline/resume.py's; this module reads and writes the run's files and tables.
+replay_pipeline/run/resume.py's; this module reads and writes the run's files and tables.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from typing import Any, Callable
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.lance_table import StoreError, sql_str
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.checkpoints import (CheckpointError, capture_rng, checkpoint_step, latest_valid,
+from replay_pipeline.training.checkpoints import (CheckpointError, capture_rng, checkpoint_step, latest_valid,
                                          list_checkpoints, load_optimizer_state, read_state, remove_partial,
                                          restore_rng)
-from replay_pipeline.compute import ComputeLedger
+from replay_pipeline.algo.compute import ComputeLedger
 from replay_pipeline.config import ConfigError, flatten
-from replay_pipeline.lease import holder as lease_holder
+from replay_pipeline.system.lease import holder as lease_holder
 from replay_pipeline.models.loading import load_pretrained
-from replay_pipeline.resume import config_hash, parse_fork, saved_config
-from replay_pipeline.runs import RunPaths, artifact_location
-from replay_pipeline.tracking import MlflowTracker
+from replay_pipeline.run.resume import config_hash, parse_fork, saved_config
+from replay_pipeline.system.runs import RunPaths, artifact_location
+from replay_pipeline.tracking.tracker import MlflowTracker
 
 RUN_INFO = "run.json"
 

@@ -18,7 +18,7 @@ using (README, "Prefect's cost per task run"). How a unit and a checkpoint are r
 caller's: `train_loop` calls them directly unless given wrappers (flows/train.py makes each a
 Prefect task, so the UI shows the run's progress). Evaluations and checkpoints are timed as
 scheduled extras, outside the overhead figure. A stop request (Ctrl-C, SIGTERM:
-replay_pipeline/stopping.py) raises RunStopped before the next round, never inside one's
+replay_pipeline/system/stopping.py) raises RunStopped before the next round, never inside one's
 writes. This module must not import Prefect, MLflow or the flows.
 """
 
@@ -29,8 +29,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from replay_pipeline import faults, stopping
-from replay_pipeline.heap import freeze_startup_heap
+from replay_pipeline.system import faults, stopping
+from replay_pipeline.system.heap import freeze_startup_heap
 from replay_pipeline.run.engines import dask_client
 from replay_pipeline.run.files import Heartbeat
 from replay_pipeline.run.phases import TrainingRun

@@ -34,18 +34,18 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from replay_pipeline import faults, stopping
+from replay_pipeline.system import faults, stopping
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.schema import make_rollout_id
 from replay_pipeline.buffer.tables import RunTables
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.checkpoints import checkpoint_name, checkpoint_step, list_checkpoints, save_checkpoint
-from replay_pipeline.compute import ComputeLedger
-from replay_pipeline.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
+from replay_pipeline.training.checkpoints import checkpoint_name, checkpoint_step, list_checkpoints, save_checkpoint
+from replay_pipeline.algo.compute import ComputeLedger
+from replay_pipeline.training.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
 from replay_pipeline.generation import Sample
-from replay_pipeline.learner import Learner
+from replay_pipeline.training.learner import Learner
 from replay_pipeline.models.loading import load_pretrained
-from replay_pipeline.reuse import apply_updates
+from replay_pipeline.algo.reuse import apply_updates
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import (SEED_EVAL, GeneratedBatch, generate_batch, score_batch, step_prompts,
                                          step_seed, usage_table)
@@ -53,9 +53,9 @@ from replay_pipeline.run.files import AsyncDir
 from replay_pipeline.run.lineage import checkpoint_state, json_dumps, note_end
 from replay_pipeline.run.replay import ReplaySampler
 from replay_pipeline.run.settings import Settings
-from replay_pipeline.runs import RunPaths
+from replay_pipeline.system.runs import RunPaths
 from replay_pipeline.tasks.base import Prompt
-from replay_pipeline.weights import WeightStore
+from replay_pipeline.training.weights import WeightStore
 
 
 @dataclass
@@ -87,7 +87,7 @@ class TrainingRun:
     control: AsyncDir | None = None
     """Async loop: the STOP flag and the generator workers' stats."""
     lease: Any = None
-    """The run lease this process holds (replay_pipeline/lease.py), given back by `finish`."""
+    """The run lease this process holds (replay_pipeline/system/lease.py), given back by `finish`."""
     last_stop_reason: str | None = None
     """Adaptive reuse: why the last round stopped taking updates ("cap": it took every one drawn)."""
     reward_terms: list[Any] = field(default_factory=list)
@@ -160,7 +160,7 @@ class TrainingRun:
 
         A reward that raises or is not finite scores 0.0 and is flagged (scoring.safe_reward):
         the reason goes to the row's `reward_error` (null otherwise), the count to
-        `score/flagged`, and one warning per step to the `replay_pipeline.scoring` logger."""
+        `score/flagged`, and one warning per step to the `replay_pipeline.algo.scoring` logger."""
         table, metrics = score_batch(self.task, batch, self.run_id, self.settings.loop.group_size,
                                      max_flagged_fraction=self.settings.reward.max_flagged_fraction,
                                      terms=self.reward_terms, verifier_weight=self.settings.reward.verifier_weight)

@@ -44,11 +44,11 @@ from replay_pipeline.buffer.lance_table import StoreError, check_storage
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.config import DASK_INSTALL, TASK_DEFAULTS, ConfigError
 from replay_pipeline.generation import vllm_backend
-from replay_pipeline.lease import LeaseHeld, holder
+from replay_pipeline.system.lease import LeaseHeld, holder
 from replay_pipeline.models.device import device_problem
 from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.lineage import check_resume_tables, start_point
-from replay_pipeline.runs import RunPaths, ensure_writable
+from replay_pipeline.system.runs import RunPaths, ensure_writable
 from replay_pipeline.tasks import CUSTOM, task_from_config
 from replay_pipeline.tasks.custom import load_target
 
@@ -187,7 +187,7 @@ def _run_id_problems(cfg: Any) -> list[str]:
     if not existing.is_file():
         return []
     live = holder(existing.parent)
-    if live is not None:  # a live run: say who drives it (replay_pipeline/lease.py)
+    if live is not None:  # a live run: say who drives it (replay_pipeline/system/lease.py)
         return [str(LeaseHeld(existing.parent, live))]
     return [f"run_id={cfg.run_id} is a run that exists ({existing.parent}); continue it with "
             f"resume={cfg.run_id}, or give the new run another run_id (or none: a fresh one is made)"]

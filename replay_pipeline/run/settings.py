@@ -5,11 +5,11 @@ The per-round code reads plain attributes (an OmegaConf node costs ~40 us an att
 a round read about forty); nothing can change them mid-run (every section is a frozen
 dataclass, `storage_options` a read-only mapping). Derived values live here and nowhere
 else: rollouts per step (R), the sampler's window size, the target replay ratio K x B / R,
-the reuse policy and the minibatches a round draws (replay_pipeline/reuse.py), the chosen objective's hyper-parameters (read off its signature, so a new hyper-parameter of
+the reuse policy and the minibatches a round draws (replay_pipeline/algo/reuse.py), the chosen objective's hyper-parameters (read off its signature, so a new hyper-parameter of
 an objective is a keyword argument of its function and an `algo.*` field of the same name)
 and the sampling rules. `resolved` is the resolved configuration as plain data, for what is
 written (config.yaml, MLflow params, the generator workers' copy) and `config_hash` its hash
-over the keys that shape the trajectory (replay_pipeline/resume.py).
+over the keys that shape the trajectory (replay_pipeline/run/resume.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.buffer.sampling import SamplingRules, window_for
 from replay_pipeline.config import Config
-from replay_pipeline.objectives import get_objective, objective_param_names
-from replay_pipeline.resume import config_hash
-from replay_pipeline.reuse import ReusePolicy
+from replay_pipeline.algo.objectives import get_objective, objective_param_names
+from replay_pipeline.run.resume import config_hash
+from replay_pipeline.algo.reuse import ReusePolicy
 
 _FROZEN: dict[type, type] = {}
 
@@ -84,7 +84,7 @@ class Settings:
     """algo.* values of the hyper-parameters algo.objective declares."""
     sampling_rules: SamplingRules
     reuse_policy: ReusePolicy
-    """The `reuse` section as replay_pipeline/reuse.py's rules read it."""
+    """The `reuse` section as replay_pipeline/algo/reuse.py's rules read it."""
     updates_drawn: int
     """Minibatches a round draws: loop.updates_per_step, or reuse.max_updates when a reuse rule
     decides how many of them are applied."""

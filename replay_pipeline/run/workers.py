@@ -75,13 +75,13 @@ from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.config import TASK_DEFAULTS
 from replay_pipeline.models.device import resolve_device
 from replay_pipeline.models.loading import generator_from_pretrained
-from replay_pipeline.process_exit import skip_final_collection
+from replay_pipeline.system.process_exit import skip_final_collection
 from replay_pipeline.run.batches import generate_batch, quiet_transformers, reward_terms, score_batch
 from replay_pipeline.run.files import AsyncDir, LearnerWatch
-from replay_pipeline.runs import RunPaths
-from replay_pipeline.scoring import set_reward_timeout
+from replay_pipeline.system.runs import RunPaths
+from replay_pipeline.algo.scoring import set_reward_timeout
 from replay_pipeline.tasks import task_from_config
-from replay_pipeline.weights import WeightFollower, WeightStore
+from replay_pipeline.training.weights import WeightFollower, WeightStore
 
 
 def _where(parent_pid: int | None) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
     """Generator worker `worker` (see `_generator_worker`); its generator is closed however the
     worker ends (a vLLM engine gives its GPU memory back)."""
     if parent_pid is not None:  # a child of the learner: Ctrl-C reaches the whole terminal's group,
-        # but only the learner decides when to stop (it writes STOP; replay_pipeline/stopping.py)
+        # but only the learner decides when to stop (it writes STOP; replay_pipeline/system/stopping.py)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         skip_final_collection()  # the learner waits for this process to end
     with ExitStack() as resources:

@@ -50,6 +50,6 @@ class Task(Protocol):
 
         Optional, not part of the protocol's required members: a task may also define
         `reward_batch(prompts, completions, finish_reasons) -> list[float]`, which scores a whole
-        batch in one call and is then used instead of `reward` (replay_pipeline/scoring.py
+        batch in one call and is then used instead of `reward` (replay_pipeline/algo/scoring.py
         rewards_of)."""
         ...

@@ -16,7 +16,7 @@ must have (replay_pipeline/tasks/base.py, the Task protocol):
 - `reward(prompt, completion, finish_reason)`: a float for one completion (`completion` is the
   decoded text without special tokens; `finish_reason` is "stop" when the end token came,
   "length" when the budget ran out). A reward that raises, returns something that is not a
-  number, or runs longer than reward.timeout scores 0 and is flagged (replay_pipeline/scoring.py).
+  number, or runs longer than reward.timeout scores 0 and is flagged (replay_pipeline/algo/scoring.py).
   Optional: `reward_batch(prompts, completions, finish_reasons)`, a list of floats for a whole
   batch in one call (a reward model scores faster in batches); when a task has it, it is used
   instead of `reward` everywhere, and may take reward.timeout seconds a completion.

@@ -90,7 +90,7 @@ import torch
 
 from replay_pipeline.config import GeneratorConfig
 from replay_pipeline.generation import Sample, TransformersGenerator
-from replay_pipeline.learner import collate, token_logprobs_and_entropy
+from replay_pipeline.training.learner import collate, token_logprobs_and_entropy
 from replay_pipeline.models.tiny import MAX_POSITIONS, build_tiny_model, build_tokenizer
 
 PROMPTS = ("1+2=", "012+345=", "99+1=")  # different lengths: left padding is exercised

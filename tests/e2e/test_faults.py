@@ -1,5 +1,5 @@
 """Crashes, as a user meets them: `python -m flows.train` killed with SIGKILL at the points
-that matter (replay_pipeline/faults.py), resumed with `resume=<run_id>` each time, must end
+that matter (replay_pipeline/system/faults.py), resumed with `resume=<run_id>` each time, must end
 with exactly the rollouts, usage records, losses and weights of a run that was never
 stopped; SIGTERM must leave MLflow and Prefect with a terminal state."""
 
@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.checkpoints import checkpoint_step
-from replay_pipeline.faults import ENV
+from replay_pipeline.training.checkpoints import checkpoint_step
+from replay_pipeline.system.faults import ENV
 from tests.conftest import ROOT, TINY_OVERRIDES
 from tests.servers import prefect_env
 

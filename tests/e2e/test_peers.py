@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from replay_pipeline.benchmarks.peers import MIN_WINDOW_STEPS, RESULT_JSON, RESULT_PNG, SIDES, main
 from replay_pipeline.benchmarks.sides import EXPERIMENT
-from replay_pipeline.resume import resolve_config
+from replay_pipeline.run.resume import resolve_config
 from tests.conftest import TEST_THREADS, TINY_OVERRIDES
 
 STEPS, EVAL_EVERY, REPEATS, SLICE = 3, 2, 2, 1.0

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.runs import RunPaths
+from replay_pipeline.system.runs import RunPaths
 from tests.conftest import ROOT, TINY_OVERRIDES
 from tests.servers import prefect_env
 
@@ -146,7 +146,7 @@ def test_mlflow_run_holds_params_metrics_and_artifacts(finished_run):
     (startup,) = client.get_metric_history(run.info.run_id, "startup/seconds")
     (start_eval,) = client.get_metric_history(run.info.run_id, "startup/eval_seconds")
     assert startup.step == start_eval.step == 0 and 0 < startup.value < 600 and start_eval.value > 0
-    # The command froze its start-up heap at the first round (replay_pipeline/heap.py): torch,
+    # The command froze its start-up heap at the first round (replay_pipeline/system/heap.py): torch,
     # transformers, Prefect, MLflow and LanceDB loaded are several hundred thousand objects.
     (frozen,) = client.get_metric_history(run.info.run_id, "startup/frozen_objects")
     assert frozen.step == 0 and frozen.value > 200_000

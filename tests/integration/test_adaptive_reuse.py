@@ -1,4 +1,4 @@
-"""Adaptive reuse (reuse.rule, replay_pipeline/reuse.py) through the library: a rule decides,
+"""Adaptive reuse (reuse.rule, replay_pipeline/algo/reuse.py) through the library: a rule decides,
 before each drawn update, whether to apply it; a refused update changes nothing; each round
 logs how many updates it took and whether the rule stopped it; the usage table records only
 the applied updates; and a stopped-and-resumed run decides exactly as the unstopped one."""
@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from replay_pipeline.resume import resolve_config
+from replay_pipeline.run.resume import resolve_config
 from replay_pipeline.run.build import build_run
 from tests.integration.test_resume import EXACT, drive, overrides
 

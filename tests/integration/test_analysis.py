@@ -1,4 +1,4 @@
-"""replay_pipeline.analysis against real LanceDB tables in tmp_path (no mocks).
+"""replay_pipeline.reports.analysis against real LanceDB tables in tmp_path (no mocks).
 
 The fixture database holds two runs:
 
@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from replay_pipeline import analysis
+from replay_pipeline.reports import analysis
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.schema import ROLLOUT_SCHEMA, make_rollout_id, rows_to_table
 

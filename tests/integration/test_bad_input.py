@@ -43,14 +43,14 @@ import torch
 from replay_pipeline.buffer import ROLLOUT_SCHEMA, RolloutStore, StoreError
 from replay_pipeline.buffer.schema import make_rollout_id, rows_to_table
 from replay_pipeline.config import load_config
-from replay_pipeline.learner import Learner
-from replay_pipeline.runs import ensure_writable
-from replay_pipeline.scoring import RewardFailure
+from replay_pipeline.training.learner import Learner
+from replay_pipeline.system.runs import ensure_writable
+from replay_pipeline.algo.scoring import RewardFailure
 from replay_pipeline.tasks.addition import AdditionTask
 from replay_pipeline.run.batches import LEARN_COLUMNS
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.phases import TrainingRun
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import ROOT, TINY_OVERRIDES
 
 ROLLOUTS = 16  # TINY_OVERRIDES: 4 prompts x 4 completions per step
@@ -148,9 +148,9 @@ def test_raising_and_non_finite_rewards_are_flagged_stored_and_trained_on(root, 
     run = make_run(root, "flaky")
     run.task = flaky(run.task)
     batch = run.generate(0)
-    with caplog.at_level(logging.WARNING, logger="replay_pipeline.scoring"):
+    with caplog.at_level(logging.WARNING, logger="replay_pipeline.algo.scoring"):
         table, metrics = run.score(batch)
-    warnings = [r for r in caplog.records if r.name == "replay_pipeline.scoring"]
+    warnings = [r for r in caplog.records if r.name == "replay_pipeline.algo.scoring"]
     assert len(warnings) == 1  # once per step, not once per rollout
     assert "step 0: 12 of 16 rollouts flagged" in warnings[0].getMessage()
     assert "first: reward raised ValueError: boom 0" in warnings[0].getMessage()
@@ -186,9 +186,9 @@ def test_raising_and_non_finite_rewards_are_flagged_stored_and_trained_on(root, 
 
 def test_a_step_without_bad_rewards_stores_null_reward_error_and_logs_nothing(root, caplog):
     run = make_run(root, "clean")
-    with caplog.at_level(logging.WARNING, logger="replay_pipeline.scoring"):
+    with caplog.at_level(logging.WARNING, logger="replay_pipeline.algo.scoring"):
         table, metrics = run.score(run.generate(0))
-    assert not [r for r in caplog.records if r.name == "replay_pipeline.scoring"]
+    assert not [r for r in caplog.records if r.name == "replay_pipeline.algo.scoring"]
     assert metrics["score/flagged"] == 0.0
     assert table.column("reward_error").null_count == ROLLOUTS
     run.append(table, 0)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 
 from replay_pipeline.config import ConfigError, load_config
-from replay_pipeline.evaluation import evaluate_greedy
+from replay_pipeline.training.evaluation import evaluate_greedy
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.loop import sync_round
 from replay_pipeline.run.preflight import preflight
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
 #: A template in the tiny tokenizer's characters: BOS, the message, then "+" opens the answer.

@@ -17,7 +17,7 @@ from flows.query import main as query
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.lance_table import DamagedTable, StoreError
 from replay_pipeline.buffer.repair import DAMAGED_DIR
-from replay_pipeline.resume import resolve_config
+from replay_pipeline.run.resume import resolve_config
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.preflight import check_start_point
 from tests.conftest import TINY_OVERRIDES

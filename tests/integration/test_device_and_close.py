@@ -13,7 +13,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from replay_pipeline.checkpoints import load_optimizer_state
+from replay_pipeline.training.checkpoints import load_optimizer_state
 from replay_pipeline.config import load_config
 from replay_pipeline.generation import TransformersGenerator
 from replay_pipeline.models.loading import load_pretrained
@@ -21,7 +21,7 @@ from replay_pipeline.models.policy import policy_dir
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.loop import sync_round
 from replay_pipeline.run.phases import TrainingRun
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
 # The pipeline is under test, not learning: no warm-start training, no evaluation beyond the first.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from replay_pipeline.evaluation import evaluate_all, evaluate_sampled
+from replay_pipeline.training.evaluation import evaluate_all, evaluate_sampled
 from replay_pipeline.generation import TransformersGenerator
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
 from replay_pipeline.tasks.base import Prompt

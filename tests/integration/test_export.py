@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.export import main as export_cli
-from replay_pipeline.resume import resolve_config
+from replay_pipeline.run.resume import resolve_config
 from replay_pipeline.run.build import build_run
 from replay_pipeline.tasks.math import MathTask
 from tests.conftest import TINY_OVERRIDES

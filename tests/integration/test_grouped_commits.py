@@ -13,7 +13,7 @@ from replay_pipeline.buffer import RolloutStore, UsageStore
 from replay_pipeline.config import load_config
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.loop import sync_round
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
 HOLD_ALL = "buffer.commit_seconds=1e9"  # nothing commits until the tables are read or the run settles

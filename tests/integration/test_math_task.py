@@ -387,7 +387,7 @@ def hf_dir(tmp_path) -> Path:
 @pytest.mark.parametrize(("preset", "rows", "style", "tokens"), [
     ("gsm8k", GSM8K_ROWS, "gsm8k", 512), ("math", MATH_ROWS, "math", 1024)])
 def test_presets_compose_with_a_path_and_build_the_task(tmp_path, hf_dir, preset, rows, style, tokens):
-    from replay_pipeline.resume import resolve_config
+    from replay_pipeline.run.resume import resolve_config
     from omegaconf import OmegaConf
 
     data = write_jsonl(tmp_path / "train.jsonl", rows)

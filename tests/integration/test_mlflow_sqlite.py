@@ -1,4 +1,4 @@
-"""The metric rows written straight into MLflow's SQLite store (replay_pipeline/mlflow_sqlite.py)
+"""The metric rows written straight into MLflow's SQLite store (replay_pipeline/tracking/mlflow_sqlite.py)
 against MLflow's own log_batch, on a real store: the same history, the same latest values, the
 same refusals, and the tracker using it."""
 
@@ -14,8 +14,8 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from replay_pipeline.mlflow_sqlite import SqliteMetricWriter, open_writer, sqlite_path
-from replay_pipeline.tracking import MlflowTracker
+from replay_pipeline.tracking.mlflow_sqlite import SqliteMetricWriter, open_writer, sqlite_path
+from replay_pipeline.tracking.tracker import MlflowTracker
 
 
 @pytest.fixture()

@@ -328,7 +328,7 @@ def test_storage_options_config_is_checked_without_a_server():
 
 
 def test_secrets_are_masked_for_mlflow():
-    from replay_pipeline.tracking import mask_secrets, mask_secrets_text
+    from replay_pipeline.tracking.tracker import mask_secrets, mask_secrets_text
 
     params = {"buffer.storage_options.aws_secret_access_key": "s", "buffer.storage_options.aws_session_token": "t",
               "buffer.storage_options.aws_endpoint": "http://h:9000", "generator.max_new_tokens": 6,

@@ -1,4 +1,4 @@
-"""python -m flows.plan: the report against replay_pipeline.planner, and --run against a real
+"""python -m flows.plan: the report against replay_pipeline.algo.planner, and --run against a real
 MLflow SQLite store built here with MlflowClient (the tags, params and metric flows.train logs).
 
 A process that reads a run spends seconds importing mlflow, so only the main paths run as
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from flows import plan as plan_cli
-from replay_pipeline import planner
+from replay_pipeline.algo import planner
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "20260101-120000-abc123"        # mu logged at steps 0 (nan), 1, 5 and 3 (last in time)

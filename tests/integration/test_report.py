@@ -1,4 +1,4 @@
-"""replay_pipeline.report and python -m flows.report against a real MLflow SQLite store and
+"""replay_pipeline.reports.report and python -m flows.report against a real MLflow SQLite store and
 real LanceDB tables in tmp_path, with metric histories built here so that every number is
 known by hand.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 
 from flows import report as report_cli
-from replay_pipeline import report
+from replay_pipeline.reports import report
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.schema import rows_to_table
 from replay_pipeline.buffer.usage import UsageStore

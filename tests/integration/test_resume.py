@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from replay_pipeline import checkpoints
+from replay_pipeline.training import checkpoints
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.checkpoints import CheckpointError
+from replay_pipeline.training.checkpoints import CheckpointError
 from replay_pipeline.config import ConfigError
-from replay_pipeline.resume import resolve_config
+from replay_pipeline.run.resume import resolve_config
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.phases import TrainingRun
 from tests.conftest import TINY_OVERRIDES
@@ -281,7 +281,7 @@ def test_resume_last_picks_the_newest_run_under_the_root_and_says_when_there_is_
     from omegaconf import OmegaConf
 
     from replay_pipeline.config import ConfigError, load_config
-    from replay_pipeline.resume import resolve_config
+    from replay_pipeline.run.resume import resolve_config
 
     with pytest.raises(ConfigError, match="resume=last: no run under"):
         resolve_config(["resume=last", f"tracking.root_dir={tmp_path}"])

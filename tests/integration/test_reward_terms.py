@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from replay_pipeline.config import ConfigError, load_config
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.loop import sync_round
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
 TERMS = '''

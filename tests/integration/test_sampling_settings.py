@@ -13,11 +13,11 @@ import torch
 from replay_pipeline.buffer import ROLLOUT_SCHEMA, RolloutStore, StoreError
 from replay_pipeline.buffer.schema import ADDED_LATER
 from replay_pipeline.config import load_config
-from replay_pipeline.learner import Learner, collate, token_logprobs_and_entropy
+from replay_pipeline.training.learner import Learner, collate, token_logprobs_and_entropy
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.loop import sync_round
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
 
@@ -91,7 +91,7 @@ def test_a_table_from_before_the_columns_is_refused_then_migrated_without_changi
 
 
 def test_a_fork_that_changes_the_sampling_settings_says_so(tmp_path):
-    from replay_pipeline.resume import resolve_config
+    from replay_pipeline.run.resume import resolve_config
 
     root = tmp_path
     cfg = load_config([f"tracking.root_dir={root}", *TINY_OVERRIDES, "run_id=src", "loop.steps=1"])

@@ -1,4 +1,4 @@
-"""replay_pipeline.sqlite_templates with MLflow's real SQLite store: a new store is a copy of
+"""replay_pipeline.tracking.sqlite_templates with MLflow's real SQLite store: a new store is a copy of
 the migrated template the first new store left, opens at head with its own default experiment
 and artifact location, and a store that exists (or a URI that is not a local file) is never
 touched."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from replay_pipeline import sqlite_templates
-from replay_pipeline.tracking import MlflowTracker, seed_sqlite_store
+from replay_pipeline.tracking import sqlite_templates
+from replay_pipeline.tracking.tracker import MlflowTracker, seed_sqlite_store
 
 
 def _tracker(root: Path, name: str) -> MlflowTracker:

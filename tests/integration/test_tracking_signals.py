@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from replay_pipeline.tracking import MlflowTracker, deferred_signals
+from replay_pipeline.tracking.tracker import MlflowTracker, deferred_signals
 
 
 class Stop(BaseException):

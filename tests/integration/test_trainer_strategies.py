@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay_pipeline.analysis import reuse_histogram
+from replay_pipeline.reports.analysis import reuse_histogram
 from replay_pipeline.config import load_config
 from replay_pipeline.run.build import build_run
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import TINY_OVERRIDES
 
 STEPS = 4

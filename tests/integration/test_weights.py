@@ -8,7 +8,7 @@ import time
 import torch
 
 from replay_pipeline.run.files import AsyncDir
-from replay_pipeline.weights import WeightFollower, WeightStore
+from replay_pipeline.training.weights import WeightFollower, WeightStore
 
 
 def _reader(directory: str, rounds: int, out) -> None:

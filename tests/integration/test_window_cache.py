@@ -21,7 +21,7 @@ from replay_pipeline.config import load_config
 from replay_pipeline.run.batches import LEARN_COLUMNS
 from replay_pipeline.run.build import build_run
 from replay_pipeline.run.loop import sync_round
-from replay_pipeline.tracking import NullTracker
+from replay_pipeline.tracking.tracker import NullTracker
 from tests.conftest import TINY_OVERRIDES
 from tests.integration.test_store import make_rows
 

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from replay_pipeline import checkpoints, faults
-from replay_pipeline.checkpoints import CheckpointError
-from replay_pipeline.resume import RESUMABLE, config_hash
+from replay_pipeline.training import checkpoints
+
+from replay_pipeline.system import faults
+from replay_pipeline.training.checkpoints import CheckpointError
+from replay_pipeline.run.resume import RESUMABLE, config_hash
 from replay_pipeline.config import flatten, load_config
 from tests.conftest import ROOT
 
@@ -89,7 +91,7 @@ def _crash_points(spec: str | None, *calls: tuple[str, int]) -> subprocess.Compl
     """Call faults.crash_point(*call) for each call in a child process with the crash spec set
     (or unset): a crash kills the child, never pytest, so the test can fail and say so."""
     env = {k: v for k, v in os.environ.items() if k != faults.ENV} | ({faults.ENV: spec} if spec else {})
-    code = ("import sys; from replay_pipeline import faults\n"
+    code = ("import sys; from replay_pipeline.system import faults\n"
             f"for point, step in {list(calls)!r}:\n"
             "    faults.crash_point(point, step)\n"
             "print('survived', flush=True)")

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from replay_pipeline.learner import collate
+from replay_pipeline.training.learner import collate
 
 
 def test_two_rows_by_hand():

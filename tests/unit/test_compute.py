@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from replay_pipeline.compute import ComputeLedger
+from replay_pipeline.algo.compute import ComputeLedger
 
 
 def ledger() -> ComputeLedger:

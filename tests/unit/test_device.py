@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from replay_pipeline.config import ConfigError, load_config
-from replay_pipeline.learner import Learner, collate
+from replay_pipeline.training.learner import Learner, collate
 from replay_pipeline.models.device import device_problem, resolve_device
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
-from replay_pipeline.resume import FORK_FREE, RESUMABLE, config_hash
+from replay_pipeline.run.resume import FORK_FREE, RESUMABLE, config_hash
 
 CUDA = torch.cuda.is_available()
 

@@ -1,4 +1,4 @@
-"""replay_pipeline.evidence against hand-worked numbers: interpolated crossings, their spread
+"""replay_pipeline.reports.evidence against hand-worked numbers: interpolated crossings, their spread
 with seeds that never reach, the bootstrap ratio interval, resolution, ties and gamma."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from replay_pipeline import evidence
+from replay_pipeline.reports import evidence
 
 
 def test_crossing_interpolates_between_the_evaluation_before_and_the_first_at_or_above():

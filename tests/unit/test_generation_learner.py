@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from replay_pipeline.generation import TransformersGenerator
-from replay_pipeline.learner import Learner, collate, token_logprobs_and_entropy
+from replay_pipeline.training.learner import Learner, collate, token_logprobs_and_entropy
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""replay_pipeline/heap.py: no full collection while a command starts, the start-up heap
+"""replay_pipeline/system/heap.py: no full collection while a command starts, the start-up heap
 frozen at the first round, and a process that never deferred left as it was. Each case runs
 in a fresh interpreter, so that pytest's own collector is not the one changed."""
 
@@ -12,7 +12,7 @@ import sys
 # that the collector tracks them), counting full collections, then ends start-up.
 SCRIPT = """
 import gc, json, sys
-from replay_pipeline import heap
+from replay_pipeline.system import heap
 full = []
 gc.callbacks.append(lambda phase, info: full.append(1) if phase == "start" and info["generation"] == 2 else None)
 before = gc.get_threshold()
@@ -59,11 +59,11 @@ def test_only_the_training_command_defers():
     probe = ("import gc, runpy, sys; sys.argv = ['flows.train', '--help']\n"
              "try:\n    runpy.run_module('flows.train', run_name='__main__')\n"
              "except SystemExit:\n    pass\n"
-             "from replay_pipeline import heap; print('CLI', heap.deferring(), gc.get_threshold()[2])")
+             "from replay_pipeline.system import heap; print('CLI', heap.deferring(), gc.get_threshold()[2])")
     cli = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert cli.stdout.strip().splitlines()[-1] == f"CLI True {1 << 30}"
-    imported = subprocess.run([sys.executable, "-c", "import flows.train, gc; from replay_pipeline import heap; "
+    imported = subprocess.run([sys.executable, "-c", "import flows.train, gc; from replay_pipeline.system import heap; "
                                "print(heap.deferring(), gc.get_threshold()[2])"],
                               capture_output=True, text=True, timeout=300)
     assert imported.returncode == 0, imported.stderr[-2000:]

@@ -15,7 +15,7 @@ import yaml
 
 from flows.deploy import ENTRYPOINTS
 from replay_pipeline.config import ConfigError
-from replay_pipeline.resume import resolve_config
+from replay_pipeline.run.resume import resolve_config
 from tests.conftest import ROOT
 
 
@@ -176,7 +176,7 @@ def test_equal_budget_gives_every_configuration_the_baselines_generated_rollouts
     assert out["broken"] == configs["broken"]                        # left for plan() to name
     del out["broken"]
     steps = {c.config: (c.overrides, c.seed) for c in plan(out, [0], shared, "t", "x")}
-    from replay_pipeline.resume import resolve_config
+    from replay_pipeline.run.resume import resolve_config
     generated = {name: (cfg := resolve_config(o)).loop.steps * cfg.loop.prompts_per_step * cfg.loop.group_size
                  for name, (o, _) in steps.items()}
     assert generated["half"] == generated["base"] == 50 * 64 and generated["third"] >= 50 * 64

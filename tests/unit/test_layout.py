@@ -34,14 +34,15 @@ def test_the_check_finds_a_cycle_an_unexplained_inner_import_and_a_heavy_learner
     (pkg / "run" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from replay_pipeline import b\n")
     (pkg / "b.py").write_text("def f():\n    from replay_pipeline import a\n    return a\n")
-    (pkg / "learner.py").write_text("import mlflow\n")
+    (pkg / "training").mkdir()
+    (pkg / "training" / "learner.py").write_text("import mlflow\n")
     (pkg / "run" / "big.py").write_text("x = 1\n" * (check_imports.RUN_MODULE_LINES + 1))
     report = check_imports.report(tmp_path)
     text = "\n".join(report["problems"])
     assert report["cycles"] == [["replay_pipeline.a", "replay_pipeline.b"]]
     assert "import cycle: replay_pipeline.a -> replay_pipeline.b" in text
     assert "b.py:2: `import replay_pipeline.a` inside a function says not why" in text
-    assert "replay_pipeline.learner imports mlflow" in text
+    assert "replay_pipeline.training.learner imports mlflow" in text
     assert f"replay_pipeline.run.big: {check_imports.RUN_MODULE_LINES + 1} lines" in text
     done = subprocess.run([sys.executable, str(ROOT / "infra" / "check_imports.py")], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
@@ -56,14 +57,14 @@ def test_the_learner_side_runs_without_lancedb_prefect_or_mlflow(tmp_path):
         (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} was imported')\n")
     code = textwrap.dedent("""
         import torch
-        import replay_pipeline.objectives, replay_pipeline.learner
+        import replay_pipeline.algo.objectives, replay_pipeline.training.learner
         import replay_pipeline.generation, replay_pipeline.generation.vllm_backend
         import replay_pipeline.models.tiny, replay_pipeline.models.loading, replay_pipeline.models.device
         import replay_pipeline.models.warmstart, replay_pipeline.models.policy
         from replay_pipeline.generation import TransformersGenerator
-        from replay_pipeline.learner import Learner
+        from replay_pipeline.training.learner import Learner
         from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
-        from replay_pipeline.scoring import group_advantages
+        from replay_pipeline.algo.scoring import group_advantages
         torch.manual_seed(0)
         tok = build_tokenizer()
         model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from replay_pipeline.generation import TransformersGenerator
-from replay_pipeline.learner import Learner
+from replay_pipeline.training.learner import Learner
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
-from replay_pipeline.objectives import OBJECTIVES
+from replay_pipeline.algo.objectives import OBJECTIVES
 
 KEYS = {"loss", "entropy", "clip_frac", "truncated_frac", "ratio_mean", "ratio_max",
         "kl_behaviour", "kl_behaviour_k3", "grad_norm", "tokens", "advantage_abs_mean"}
@@ -127,7 +127,7 @@ def test_start_up_errors_name_the_fix(tok, rows):
 def test_adamw_is_fused_on_the_cpu_and_a_checkpoint_keeps_its_own_implementation():
     import torch
 
-    from replay_pipeline.learner import adamw
+    from replay_pipeline.training.learner import adamw
 
     model = torch.nn.Linear(4, 3)
     fused = adamw(model.parameters(), lr=1e-3)

@@ -1,4 +1,4 @@
-"""The run lease (replay_pipeline/lease.py) with real processes: a live holder refuses a
+"""The run lease (replay_pipeline/system/lease.py) with real processes: a live holder refuses a
 second driver and is named; a holder killed with SIGKILL is taken over with a warning; a
 lease of another host counts while its heartbeat is fresh, and is taken over once expired."""
 
@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from replay_pipeline import lease
+from replay_pipeline.system import lease
 from tests.conftest import ROOT
 
 HOLD = """
 import sys, time
-from replay_pipeline.lease import acquire
+from replay_pipeline.system.lease import acquire
 acquire(sys.argv[1], command="holder")
 print("held", flush=True)
 time.sleep(120)

@@ -1,9 +1,9 @@
-"""alpha and rho recovered from synthetic gradients with known values (replay_pipeline/noise.py)."""
+"""alpha and rho recovered from synthetic gradients with known values (replay_pipeline/algo/noise.py)."""
 
 import numpy as np
 import pytest
 
-from replay_pipeline.noise import fit_alpha, fit_rho, noise_variance
+from replay_pipeline.algo.noise import fit_alpha, fit_rho, noise_variance
 
 
 def test_noise_variance_is_the_trace_of_the_unbiased_covariance():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from replay_pipeline.objectives import (OBJECTIVES, LossInputs, aggregate, asymre, get_objective,
+from replay_pipeline.algo.objectives import (OBJECTIVES, LossInputs, aggregate, asymre, get_objective,
                                         grpo_clip, kl_penalty, objective_param_names, tis, topr)
 
 

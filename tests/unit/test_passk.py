@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from replay_pipeline.evaluation import (default_ks, evaluate_pass1, evaluate_sampled,
+from replay_pipeline.training.evaluation import (default_ks, evaluate_pass1, evaluate_sampled,
                                         mean_pass_at_k, pass_at_k)
 from replay_pipeline.generation.base import Sample
 from replay_pipeline.tasks.base import Prompt

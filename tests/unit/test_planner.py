@@ -1,4 +1,4 @@
-"""replay_pipeline.planner against the algebra, the paper's closed form and brute force.
+"""replay_pipeline.algo.planner against the algebra, the paper's closed form and brute force.
 
 The brute-force minimisers here are independent of the module: a zooming grid over
 (log x, log y) for F(x, y) itself, and a dense log grid over x for G(x).
@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from replay_pipeline import planner
-from replay_pipeline.planner import (
+from replay_pipeline.algo import planner
+from replay_pipeline.algo.planner import (
     best_replay_ratio, compute_to_target, gamma_from_ratio, horizon_objective, numerical_optimum,
     plan, power_law_noise, power_law_optimum, predicted_gamma,
 )

@@ -1,5 +1,5 @@
 """Our processes end without the interpreter's final garbage collection (2.3-2.6 s of CPU per
-command here, replay_pipeline/process_exit.py): importing `flows`, as every command and the
+command here, replay_pipeline/system/process_exit.py): importing `flows`, as every command and the
 temporary Prefect server do, registers it; other exit handlers still run."""
 
 from __future__ import annotations
@@ -37,5 +37,5 @@ def test_the_usual_end_collects_a_cycle_left_at_exit():
 def test_importing_flows_skips_the_final_collection_and_keeps_the_exit_handlers():
     assert run("import flows\n" + CYCLE).splitlines() == ["exit handler ran"]
     # Registered once however often it is asked for.
-    assert run("import flows, atexit, gc\nfrom replay_pipeline.process_exit import skip_final_collection\n"
+    assert run("import flows, atexit, gc\nfrom replay_pipeline.system.process_exit import skip_final_collection\n"
                "skip_final_collection(); atexit.unregister(gc.freeze)\n" + CYCLE).splitlines()[-1] == "collected"

@@ -1,8 +1,8 @@
-"""The reuse rules (replay_pipeline/reuse.py), worked by hand."""
+"""The reuse rules (replay_pipeline/algo/reuse.py), worked by hand."""
 
 import pytest
 
-from replay_pipeline.reuse import ReusePolicy, clip_budget, grad_spike, kl_budget, stop_reason
+from replay_pipeline.algo.reuse import ReusePolicy, clip_budget, grad_spike, kl_budget, stop_reason
 
 
 def test_grad_spike_compares_the_candidate_with_the_rounds_mean():

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from replay_pipeline.scoring import (MAX_ERROR_CHARS, RewardTerm, group_advantages, rewards_of, safe_reward,
+from replay_pipeline.algo.scoring import (MAX_ERROR_CHARS, RewardTerm, group_advantages, rewards_of, safe_reward,
                                      safe_rewards, score_items, set_reward_timeout, warn_flagged)
 
 
@@ -69,12 +69,12 @@ def test_safe_reward_keeps_long_messages_short_and_on_one_line():
 
 
 def test_warn_flagged_logs_once_with_the_count_and_the_first_reason(caplog):
-    with caplog.at_level(logging.WARNING, logger="replay_pipeline.scoring"):
+    with caplog.at_level(logging.WARNING, logger="replay_pipeline.algo.scoring"):
         assert warn_flagged(3, [None, None]) == 0
         assert caplog.records == []
         assert warn_flagged(4, [None, "reward was nan", "reward raised ValueError: boom"]) == 2
     (record,) = caplog.records
-    assert record.name == "replay_pipeline.scoring" and record.levelno == logging.WARNING
+    assert record.name == "replay_pipeline.algo.scoring" and record.levelno == logging.WARNING
     assert "step 4: 2 of 3 rollouts flagged" in record.getMessage()
     assert "first: reward was nan" in record.getMessage()
 
@@ -83,7 +83,7 @@ def test_a_reward_call_slower_than_the_timeout_is_flagged_and_the_next_call_runs
     import threading
     import time
 
-    from replay_pipeline.scoring import safe_reward
+    from replay_pipeline.algo.scoring import safe_reward
     start = time.perf_counter()
     assert safe_reward(lambda: threading.Event().wait(60), timeout=0.1) == (0.0, "reward timed out after 0.1 s")
     assert time.perf_counter() - start < 5
@@ -94,7 +94,7 @@ def test_a_reward_call_slower_than_the_timeout_is_flagged_and_the_next_call_runs
 def test_check_flagged_stops_only_above_the_fraction():
     import pytest
 
-    from replay_pipeline.scoring import RewardFailure, check_flagged
+    from replay_pipeline.algo.scoring import RewardFailure, check_flagged
     check_flagged(3, ["x", None, None, None], max_fraction=0.25)  # exactly at the bound: goes on
     with pytest.raises(RewardFailure, match="step 3: 2 of 4 rollouts flagged \\(first: x\\)"):
         check_flagged(3, ["x", "y", None, None], max_fraction=0.25)

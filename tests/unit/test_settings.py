@@ -1,5 +1,5 @@
 """The run's one runtime form of the configuration (replay_pipeline/run/settings.py) and the
-bounds declared with the fields (replay_pipeline/config/schema.py, replay_pipeline/bounds.py)."""
+bounds declared with the fields (replay_pipeline/config/schema.py, replay_pipeline/algo/bounds.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from replay_pipeline import objectives
-from replay_pipeline.bounds import Bound
+from replay_pipeline.algo import objectives
+from replay_pipeline.algo.bounds import Bound
 from replay_pipeline.buffer.sampling import RULE_BOUNDS
 from replay_pipeline.config import Config, ConfigError, load_config
-from replay_pipeline.learner import LEARNER_BOUNDS
-from replay_pipeline.resume import config_hash
+from replay_pipeline.training.learner import LEARNER_BOUNDS
+from replay_pipeline.run.resume import config_hash
 from replay_pipeline.run.settings import build_settings
 
 

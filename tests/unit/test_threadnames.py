@@ -1,4 +1,4 @@
-"""Operating-system thread names (replay_pipeline/threadnames.py): what /proc shows for the
+"""Operating-system thread names (replay_pipeline/system/threadnames.py): what /proc shows for the
 project's threads, read back from the kernel."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from replay_pipeline.buffer.writer import WriteBehind
-from replay_pipeline.threadnames import name_os_thread, os_named
+from replay_pipeline.system.threadnames import name_os_thread, os_named
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc: Linux only")
 

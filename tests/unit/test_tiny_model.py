@@ -161,7 +161,7 @@ def test_warm_start_trains_at_the_threads_it_is_given_and_keys_them(tmp_path):
 
 
 def test_a_stop_request_ends_the_warm_start_between_steps_and_caches_nothing(tmp_path):
-    from replay_pipeline import stopping
+    from replay_pipeline.system import stopping
     task = AdditionTask(digits=1, heldout_size=20, validation_size=20)
 
     def stop_at_first_evaluation(_):

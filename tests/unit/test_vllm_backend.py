@@ -30,9 +30,9 @@ from replay_pipeline.models.loading import generator_from_pretrained
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.generation.vllm_backend import (LOGPROBS_MODE, VLLM_INSTALL, VLLMGenerator,
                                                      engine_settings, request_seeds, vllm_unavailable)
-from replay_pipeline.learner import collate, token_logprobs_and_entropy
+from replay_pipeline.training.learner import collate, token_logprobs_and_entropy
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
-from replay_pipeline.resume import resolve_config
+from replay_pipeline.run.resume import resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
@@ -292,7 +292,7 @@ def test_the_run_builds_by_backend_and_shares_only_when_possible(monkeypatch, tm
     """build_run asks build_generator (with the checkpoint the policy came from) and calls
     share_weights only on a generator that has it."""
     from replay_pipeline.run import build as trainer
-    from replay_pipeline.tracking import NullTracker
+    from replay_pipeline.tracking.tracker import NullTracker
 
     model = build_tiny_model(tok, **TINY)
     info = {"source": "path", "path": str(checkpoint)}
@@ -623,7 +623,7 @@ def test_bad_arguments(tok):
 def _target(tmp_path, model_dir, cfg):
     """flows.evaluate's Target for the checkpoint holding `model_dir` (step 3, policy version 7)."""
     from flows.evaluate import Target
-    from replay_pipeline.runs import RunPaths
+    from replay_pipeline.system.runs import RunPaths
 
     return Target(RunPaths.make(tmp_path / "runs", "ev"), model_dir.parent, 3, 7, None, "", cfg)
 

@@ -12,7 +12,7 @@ Kinds (`export(kind=...)`):
 * ``rows``: the rows the filters select, the chosen columns.
 
 Filters (all kinds): policy versions and generation steps (inclusive ranges), correctness,
-reward bounds, pushed down to Lance as one SQL filter (replay_pipeline/analysis.py
+reward bounds, pushed down to Lance as one SQL filter (replay_pipeline/reports/analysis.py
 rollout_where). `tag` reads each run's table as of a checkpoint tag; otherwise its current
 version, which the manifest records, so the same rows can be read again (`read` at that
 version). The manifest (`manifest.json` beside the data) names the kind, runs, table versions
@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replay_pipeline.analysis import rollout_where
-from replay_pipeline.viewer import read, tables
+from replay_pipeline.reports.analysis import rollout_where
+from replay_pipeline.reports.viewer import read, tables
 
 KINDS = ("sft", "preference", "rows")
 FORMATS = ("jsonl", "parquet")

@@ -50,8 +50,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from replay_pipeline.bounds import Bound
-from replay_pipeline.objectives import (OBJECTIVES, LossInputs, aggregate, get_objective,
+from replay_pipeline.algo.bounds import Bound
+from replay_pipeline.algo.objectives import (OBJECTIVES, LossInputs, aggregate, get_objective,
                                         kl_penalty, objective_param_names)
 
 
@@ -322,7 +322,7 @@ class Learner:
              accept: Callable[[Mapping[str, float]], str | None] | None = None) -> dict[str, float]:
         """One optimizer step on a minibatch given as columns of stored rollouts.
 
-        `accept` (adaptive reuse, replay_pipeline/reuse.py) sees the update's diagnostics after
+        `accept` (adaptive reuse, replay_pipeline/algo/reuse.py) sees the update's diagnostics after
         its backward pass and before the optimizer step; if it returns a reason, the update is
         not applied (gradients dropped, no step counted), the metrics carry `applied` 0 (1 when
         `accept` let it through) and the reason is kept in `refused`."""

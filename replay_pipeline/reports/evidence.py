@@ -2,7 +2,7 @@
 seed's accuracy curve first reaches a target (interpolated between evaluations), the median
 and inter-quartile range of those crossings, the ratio of a configuration's median crossing to
 the baseline's with a seed-bootstrap interval, the grid's resolution, and whether two
-configurations are apart by more than it. No I/O, no pandas; replay_pipeline/report.py reads
+configurations are apart by more than it. No I/O, no pandas; replay_pipeline/reports/report.py reads
 the runs and calls these.
 
 Decisions:

@@ -27,12 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replay_pipeline.analysis import rollout_where
+from replay_pipeline.reports.analysis import rollout_where
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.lance_table import DamagedTable, StoreError, read_rows, sql_str
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.run.lineage import read_run_info, run_status
-from replay_pipeline.runs import RunPaths, list_runs
+from replay_pipeline.system.runs import RunPaths, list_runs
 
 #: Rollouts on one page of a filtered listing.
 PAGE = 50

@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from replay_pipeline.scoring import rewards_of
+from replay_pipeline.algo.scoring import rewards_of
 from replay_pipeline.tasks.base import Prompt
 
 DEFAULT_KS = (1, 2, 4, 8, 16)
@@ -118,7 +118,7 @@ def evaluate_greedy(generator, task, prompts: Sequence[Prompt], seed: int = 0) -
 
 def _correct_counts(task, prompts: Sequence[Prompt], samples) -> tuple[np.ndarray, int]:
     """Correct samples per prompt, and how many were flagged (scored 0: the reward raised,
-    was not a number or timed out; replay_pipeline/scoring.py)."""
+    was not a number or timed out; replay_pipeline/algo/scoring.py)."""
     flat = rewards_of(task, [(p, s.text, s.finish_reason) for p, group in zip(prompts, samples) for s in group])
     counts, i = [], 0
     for group in samples:

@@ -1,6 +1,6 @@
 """A sweep's report: accuracy against compute, seeds aggregated, plots and ``report.md``.
 
-    from replay_pipeline.report import build_report
+    from replay_pipeline.reports.report import build_report
     report = build_report("sqlite:///runs/mlflow.db", parent_run_id)   # or: python -m flows.report ID
     print(report.path, report.table)
 
@@ -32,7 +32,7 @@ Decisions:
   accuracy is >= the peak (1e-9 tolerance); the compute is the median compute there, and the
   ratio divides by the baseline's median compute at its own (first) peak step. No such step:
   "not reached" (None in report.json). A baseline that peaks at step 0 has no ratio (None).
-* **Per-seed crossings** (replay_pipeline/evidence.py): the target is the baseline's median
+* **Per-seed crossings** (replay_pipeline/reports/evidence.py): the target is the baseline's median
   peak, or a stated accuracy (`target`, `--target`); each seed's compute at its first
   evaluation at or above it, interpolated linearly from the evaluation before, their median and
   IQR (a seed that never reaches counts as infinite), and the ratio of the median to the
@@ -51,7 +51,7 @@ Decisions:
   beats with less or equal compute; the frontier reaches the peak at its first point >= it.
 * **Should replay pay off at the measured mu?** mu is the median of the finished runs' final
   ``compute/mu`` (a property of the machine and model more than of the buffer). The answer is
-  replay_pipeline.planner.plan(mu, R, B) with R and B from the baseline's params and the
+  replay_pipeline.algo.planner.plan(mu, R, B) with R and B from the baseline's params and the
   planner's illustrative noise defaults (alpha 0.25, rho 0.05; the report says so): replay
   pays off when the realised design's predicted gamma is below 1. The same at the projection mu.
 * **Buffer distributions** (staleness, reuse count, steps since last use) come from each
@@ -89,9 +89,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from replay_pipeline import evidence, planner
+from replay_pipeline.reports import evidence
+
+from replay_pipeline.algo import planner
 from replay_pipeline.config import LoopConfig
-from replay_pipeline.runs import RunPaths
+from replay_pipeline.system.runs import RunPaths
 
 __all__ = ["DEFAULT_MU", "ReportError", "Report", "Measure", "Child", "Sweep", "measures", "tracking_uri",
            "load_sweep", "metric_frame", "load", "eval_table", "aggregate", "summarise", "frontier", "best_config",
@@ -103,14 +105,14 @@ DEFAULT_BASELINE = "no_buffer"
 ACCURACY = "eval/accuracy"
 SAMPLE_ENTROPY = "eval/sample_entropy"
 LEARN_ENTROPY = "learn/entropy"
-REUSE_UPDATES = "reuse/updates"  # adaptive reuse: the updates each round took (replay_pipeline/reuse.py)
+REUSE_UPDATES = "reuse/updates"  # adaptive reuse: the updates each round took (replay_pipeline/algo/reuse.py)
 MU_METRIC = "compute/mu"
 LEDGER = ("compute/gen_tokens", "compute/gen_rollouts", "compute/train_rollouts",
           "compute/gen_seconds", "compute/train_seconds", "compute/gen_train_seconds", MU_METRIC)
 _PASS_AT = re.compile(r"eval/pass_at_(\d+)$")
 DEFAULT_KS = (1, 2, 4, 8, 16)
 TOLERANCE = 1e-9
-#: name -> (replay_pipeline.analysis function, its count column); analysis (lancedb) is imported
+#: name -> (replay_pipeline.reports.analysis function, its count column); analysis (lancedb) is imported
 #: only when the distributions are read, so that errors in the CLI answer at once.
 DISTRIBUTIONS = {"staleness": ("staleness_histogram", "uses"),
                  "reuse_count": ("reuse_histogram", "rollouts"),
@@ -546,7 +548,7 @@ def best_config(configs: Mapping[str, Mapping[str, Any]], baseline: str) -> tupl
     """The buffer configuration (outside the baseline's family: its learning-rate variants are
     on-policy runs too) with the lowest median per-seed crossing of the target in projected
     compute (ties: generated tokens), and the configurations within one evaluation interval of
-    it (the coarser of the two: replay_pipeline.evidence.apart), which the report names as
+    it (the coarser of the two: replay_pipeline.reports.evidence.apart), which the report names as
     ties. (None, []) if no configuration's median seed reaches the target."""
     def crossing(name: str, key: str) -> float | None:
         return configs[name]["evidence"][key]["median"]
@@ -700,7 +702,7 @@ def distributions(children: Sequence[Child]) -> tuple[dict[str, dict[str, dict[i
     """Per config, the staleness, reuse-count and steps-since-last-use histograms from LanceDB,
     pooled over its seeds ({config: {"runs": seeds read, name: {value: count}}}), and notes on
     what was skipped."""
-    from replay_pipeline import analysis  # start-up cost: lancedb, only when the report reads the buffer
+    from replay_pipeline.reports import analysis  # start-up cost: lancedb, only when the report reads the buffer
 
     pooled: dict[str, dict[str, Any]] = {}
     notes = []
@@ -965,7 +967,7 @@ def _payoff_line(p: dict[str, Any] | None, what: str) -> str:
     if p is None:
         return f"- {what}: no mu was logged, so the planner cannot say whether replay pays off."
     verdict = "should pay off" if p["pays_off"] else "should not pay off"
-    return (f"- {what} = {p['mu']:.2f}: replay {verdict}. The planner (replay_pipeline.planner.plan, "
+    return (f"- {what} = {p['mu']:.2f}: replay {verdict}. The planner (replay_pipeline.algo.planner.plan, "
             f"R = {p['R']}, B = {p['B']}) recommends buffer.capacity = {p['capacity']}, loop.updates_per_step = "
             f"{p['updates_per_step']}, predicted gamma {p['gamma']:.2f} (at the continuous optimum "
             f"{p['gamma_star']:.2f}; below 1 pays off). Noise parameters: the planner's illustrative defaults "

@@ -3,7 +3,7 @@
 The model (PAPER.md, "Compute model"). Each synchronous step adds R fresh rollouts, the
 FIFO window holds the newest N, and the learner trains on B rollouts drawn uniformly from
 it. Costs are in units of training on one rollout, so a step costs B + mu R, where mu is
-the generation/training cost ratio (replay_pipeline.compute.ComputeLedger.mu). The paper's
+the generation/training cost ratio (replay_pipeline.algo.compute.ComputeLedger.mu). The paper's
 step is one learner update; this project's round takes K = loop.updates_per_step updates of
 B = loop.minibatch_size on R fresh rollouts, i.e. R / K fresh rollouts an update. In the
 paper's units, then, the replay ratio is y = B / (R / K) = K B / R (DESIGN.md) and the

@@ -21,7 +21,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable
 
-from replay_pipeline.runs import CACHE_ENV
+from replay_pipeline.system.runs import CACHE_ENV
 
 
 def template_path(name: str) -> Path:

@@ -9,14 +9,14 @@ waits for the tracking store, and that thread gathers what was logged over up to
 `COALESCE_SECONDS` (1 s) into one batch, less work for a thread that shares the interpreter
 lock and the cores with generation and training (measured: the peer benchmark, README). On a
 plain SQLite store the batch's rows go straight into MLflow's metric tables
-(replay_pipeline/mlflow_sqlite.py: MLflow's own log_batch spends 80-110 us of CPU a metric in
+(replay_pipeline/tracking/mlflow_sqlite.py: MLflow's own log_batch spends 80-110 us of CPU a metric in
 its ORM, 45-60 ms a second of the default run, the rows 17 us); any other store gets
 `log_batch`. The MLflow UI then lags by at most a second. `flush()` writes at once and waits
 for them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
 metrics of the steps it covers are stored. A writer error surfaces at the next call.
 `NullTracker` has the same interface and does nothing, which keeps `if tracker:` checks out of
 the training loop. A new local SQLite store starts as a copy of an empty migrated one
-(`seed_sqlite_store`, replay_pipeline.sqlite_templates).
+(`seed_sqlite_store`, replay_pipeline.tracking.sqlite_templates).
 
 A SIGTERM or Ctrl-C that arrives while the calling thread is inside a tracking-store call is
 held until the call returns (`deferred_signals`): Prefect's SIGTERM handler raises wherever the
@@ -45,9 +45,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
 
-from replay_pipeline import sqlite_templates
-from replay_pipeline.mlflow_sqlite import open_writer, sqlite_path
-from replay_pipeline.threadnames import os_named
+from replay_pipeline.tracking import sqlite_templates
+from replay_pipeline.tracking.mlflow_sqlite import open_writer, sqlite_path
+from replay_pipeline.system.threadnames import os_named
 
 # MLflow's SQLite store logs Alembic migrations at INFO on first use; keep the terminal clean.
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -178,7 +178,7 @@ def _migrate_sqlite(path: Path) -> None:
 
 def seed_sqlite_store(uri: str) -> None:
     """A new local SQLite tracking store (`sqlite:///<file>` that does not exist yet) starts as
-    a copy of an empty migrated one (`replay_pipeline.sqlite_templates`): MLflow's first open of
+    a copy of an empty migrated one (`replay_pipeline.tracking.sqlite_templates`): MLflow's first open of
     a new file migrates it (3.4 s here, against 1.1 s to open one at head). Any other URI, or
     a file that exists: nothing."""
     path = sqlite_path(uri)

@@ -10,7 +10,7 @@ Every run keeps two LanceDB tables side by side in one database (``<root>/lanced
 The functions here only read. Each returns a ``pyarrow.Table`` (``.to_pandas()`` works on it,
 or pass ``as_pandas=True``)::
 
-    from replay_pipeline import analysis
+    from replay_pipeline.reports import analysis
     analysis.list_runs("runs/lancedb")
     analysis.rollouts("runs/lancedb", run_id, versions=(10, 20), correct=True, min_reuse=2)
     analysis.per_version_summary("runs/lancedb", run_id, as_pandas=True)

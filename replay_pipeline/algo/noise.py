@@ -1,7 +1,7 @@
 """The compute model's noise parameters, measured: alpha (how fast gradient noise grows with
 staleness) and rho (the correlation between samples), from per-sample gradients.
 
-The planner (replay_pipeline/planner.py) models the variance of a minibatch gradient as
+The planner (replay_pipeline/algo/planner.py) models the variance of a minibatch gradient as
 s(x) (rho + 1/y + 1/x) in units of one step's R rollouts, with the per-sample noise variance
 s(x) = (x / tau)^(2 alpha) at staleness x (learner updates). Both are estimated here from
 gradient vectors, one per rollout, all taken at one policy (replay_pipeline/run/measure.py

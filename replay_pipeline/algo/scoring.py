@@ -10,7 +10,7 @@ that is not a finite number (nan, inf, a value ``float()`` refuses), scores 0.0 
 rollout is *flagged*: :func:`safe_reward` returns the reason, the trainer stores it in the
 rollout's ``reward_error`` column (null for a rollout scored normally), counts the step's
 flagged rollouts in ``score/flagged`` and logs one warning per step on the
-``replay_pipeline.scoring`` logger (:func:`warn_flagged`). The run goes on: one bad
+``replay_pipeline.algo.scoring`` logger (:func:`warn_flagged`). The run goes on: one bad
 completion must not stop a long job, and the stored reason makes every flagged rollout
 findable afterwards. A flagged rollout stays in its group with reward 0, so it enters the
 group's mean and std like any other 0-reward rollout.
@@ -42,9 +42,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from replay_pipeline.threadnames import os_named
+from replay_pipeline.system.threadnames import os_named
 
-logger = logging.getLogger(__name__)  # "replay_pipeline.scoring"
+logger = logging.getLogger(__name__)  # "replay_pipeline.algo.scoring"
 
 #: Longest ``reward_error`` string stored; longer exception messages are cut with "...".
 MAX_ERROR_CHARS = 200

@@ -39,9 +39,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.config import Config, ConfigError, flatten, load_config, validate
-from replay_pipeline.runs import RunPaths, list_runs
+from replay_pipeline.system.runs import RunPaths, list_runs
 
-#: `resume=last`: the newest run under tracking.root_dir (replay_pipeline.runs.list_runs).
+#: `resume=last`: the newest run under tracking.root_dir (replay_pipeline.system.runs.list_runs).
 LAST = "last"
 
 #: Keys a resume may change: they do not alter what the run generates or learns.

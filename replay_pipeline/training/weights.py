@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from replay_pipeline.threadnames import name_os_thread, os_named
+from replay_pipeline.system.threadnames import name_os_thread, os_named
 
 LATEST = "LATEST"
 

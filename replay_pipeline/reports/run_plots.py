@@ -1,6 +1,6 @@
 """One run's plots, from its MLflow metric histories: held-out accuracy against generated
 tokens (the project's headline axis) and reward and policy entropy against generation step.
-A sweep's report (replay_pipeline/report.py) compares runs; these are logged with every run
+A sweep's report (replay_pipeline/reports/report.py) compares runs; these are logged with every run
 (flows/train.py, as the MLflow run's `plots/` artifacts) so a single run's page shows its story.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from replay_pipeline.report import ACCURACY, LEARN_ENTROPY, _figure, eval_table, metric_frame
+from replay_pipeline.reports.report import ACCURACY, LEARN_ENTROPY, _figure, eval_table, metric_frame
 
 REWARD = "score/reward_mean"
 KEYS = [ACCURACY, "compute/gen_tokens", "compute/gen_rollouts", "compute/train_rollouts",

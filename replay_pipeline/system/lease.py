@@ -20,7 +20,7 @@ How (files in the run directory):
   the timeout (REPLAY_PIPELINE_LEASE_TIMEOUT seconds, default 60), and taken over with a
   warning once it has expired.
 
-Of the project it imports only replay_pipeline/threadnames.py (its heartbeat thread's name).
+Of the project it imports only replay_pipeline/system/threadnames.py (its heartbeat thread's name).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from replay_pipeline.threadnames import os_named
+from replay_pipeline.system.threadnames import os_named
 
 LEASE = "lease.json"
 LOCK = ".lease.lock"

@@ -4,7 +4,7 @@ The paper fixes the replay ratio for a whole run (K = loop.updates_per_step upda
 rollouts per round). With `reuse.rule` other than `fixed`, a round instead draws up to
 `reuse.max_updates` minibatches and takes them one by one; before each candidate update is
 applied, the rule looks at that update's own diagnostics (computed by the learner's forward and
-backward pass, replay_pipeline/learner.py) against those of the updates already applied in the
+backward pass, replay_pipeline/training/learner.py) against those of the updates already applied in the
 round, and either lets it through or ends the round. A refused update is not applied (no
 optimizer step, no usage record); its forward and backward pass still counts as training
 compute. The first `reuse.min_updates` updates are always applied.
