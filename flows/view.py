@@ -214,13 +214,18 @@ def create_app(root: str | Path) -> FastAPI:
     return app
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m flows.view` (main parses with it; the docs' tests read it)."""
     parser = argparse.ArgumentParser(prog="python -m flows.view", description=__doc__.split("\n\n")[0])
     parser.add_argument("root", nargs="?", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"),
                         help="the runs' tracking.root_dir (default: $REPLAY_PIPELINE_ROOT or runs)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8765)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if not Path(args.root).expanduser().is_dir():
         print(f"error: no directory {args.root}; pass the runs' tracking.root_dir (python -m flows.view DIR)",
               file=sys.stderr)
