@@ -83,6 +83,7 @@ import argparse
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -222,8 +223,35 @@ def temporary_server(log: Callable[[str], Any] | None = None) -> Iterator[str | 
         yield configured
         return
     url = _url or _start(float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 120)))
-    with temporary_settings(updates={PREFECT_API_URL: url}):
-        yield url
+    (log or _say)(ui_hint())
+    flow_runs = logging.getLogger("prefect.flow_runs")
+    flow_runs.addFilter(_no_dead_link)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield url
+    finally:
+        flow_runs.removeFilter(_no_dead_link)
+
+
+def ui_hint() -> str:
+    """What a run on the private server prints instead of Prefect's "View at <url>" link: that
+    server has no UI and ends with the run, so the link would lead nowhere. Its records stay in
+    PREFECT_HOME's database, which `prefect server start` on the same home shows."""
+    home = os.environ.get("PREFECT_HOME", "<root>/.prefect")
+    return (f"Prefect: this run's flow and task runs go to a private server without a UI that ends "
+            f"with it. To browse them afterwards: PREFECT_HOME={home} prefect server start "
+            f"(then http://127.0.0.1:4200); to watch runs live, start that server first and set "
+            f"PREFECT_API_URL=http://127.0.0.1:4200/api")
+
+
+def _no_dead_link(record: logging.LogRecord) -> bool:
+    """Prefect's flow-run logger announces `View at <api url without /api>/runs/...` for every
+    flow run; on the private server that page does not exist."""
+    return not str(record.msg).startswith("View at ")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def _watch_parent(parent: int) -> None:

@@ -58,6 +58,18 @@ def test_summary_names_run_table_and_mlflow(finished_run):
     assert "(start-up to the first round " in out
 
 
+def test_no_link_to_a_ui_that_does_not_exist(finished_run):
+    """The private server has no UI and ends with the run: Prefect's `View at <url>` line (on
+    stdout or stderr, wherever its console handler writes) is dropped, and the run says how to
+    see its flow runs in the Prefect UI instead."""
+    root, proc = finished_run
+    both = proc.stdout + proc.stderr
+    assert "Beginning flow run" in both  # Prefect's flow-run logger did write to the console
+    assert "View at " not in both and "/runs/flow-run/" not in both
+    assert f"PREFECT_HOME={root / '.prefect'} prefect server start" in proc.stdout
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in proc.stdout
+
+
 def test_every_rollout_is_stored_with_its_provenance(finished_run):
     root, _ = finished_run
     assert RolloutStore.list_runs(root / "lancedb") == ["e2e-replay"]
