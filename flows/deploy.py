@@ -126,7 +126,7 @@ def serve(names: list[str], train_overrides: list[str] | None = None) -> None:
                                              description=DESCRIPTIONS[n], tags=TAGS) for n in names])
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--flows", nargs="+", choices=sorted(ENTRYPOINTS), default=sorted(ENTRYPOINTS))
     parser.add_argument("--pool", default=os.environ.get("REPLAY_PIPELINE_POOL", DEFAULT_POOL),
@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true", help="serve from this process instead of a work pool")
     parser.add_argument("--train-overrides", nargs="*", default=[],
                         help="default overrides of the train and sweep deployments (editable per run)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.serve:
             serve(args.flows, args.train_overrides)

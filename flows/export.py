@@ -44,7 +44,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r}: give true or false")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flows.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_ID")
     parser.add_argument("--root", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"))
@@ -59,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=1.0, help="preference: the least reward gap of a pair")
     parser.add_argument("--columns", help="rows: comma-separated columns (default all)")
     parser.add_argument("--tag", help="read each table as of this checkpoint tag (step-000100)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         manifest = export(args.root, args.runs, args.output, kind=args.kind, fmt=args.format, versions=args.versions,
                           steps=args.steps, correct=args.correct, reward_min=args.reward_min,

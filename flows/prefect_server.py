@@ -349,13 +349,17 @@ def _without_background_worker() -> None:
         server.background_worker = _no_background_worker
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flows.prefect_server", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--background-worker", action="store_true",
                         help="run Prefect's background worker (docket), as Prefect's own server does")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if os.getppid() != args.parent:
         return 0
     threading.Thread(target=_watch_parent, args=(args.parent,), daemon=True).start()

@@ -600,7 +600,7 @@ def _list_arg(kind: type):
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--grid", choices=sorted(GRIDS), default=None,
                         help="a built-in grid: " + "; ".join(f"{k}: {g.about}" for k, g in GRIDS.items())
@@ -624,7 +624,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-dir", action="append", default=None, metavar="DIR",
                         help="a directory of your own presets (DIR/<group>/<option>.yaml), for every child (repeat)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every child (loop.steps=100 ...)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.config_dir is not None:
             args.overrides = [config_dir_override(*args.config_dir), *args.overrides]
