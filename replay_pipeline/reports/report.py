@@ -1014,13 +1014,36 @@ def _frontier_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _glance_lines(summary: dict[str, Any], plots: Sequence[str]) -> list[str]:
+    """The answer first: accuracy against generated tokens (the figure a reader looks for) and
+    one sentence on the best buffer configuration's token ratio, or why there is none."""
+    lines = ["## At a glance", ""]
+    if "accuracy_vs_tokens.png" in plots:
+        lines += ["![held-out accuracy against generated tokens, median and IQR over seeds](accuracy_vs_tokens.png)", ""]
+    t, best = summary["target"], summary["best"]
+    base = summary["configs"][summary["baseline"]["config"]]["evidence"]["tokens"]
+    if base["median"] is None:
+        lines.append(f"No ratio: only {base['reached']} of the baseline's {base['seeds']} seeds reach the target "
+                     f"{t['accuracy']:.3f}; read the crossings at a lower `--target` (Per-seed crossings below).")
+    elif best is None:
+        lines.append(f"No buffer configuration's median seed reaches the target {t['accuracy']:.3f} "
+                     f"({t['source']}) within the budget.")
+    else:
+        e = best["evidence"]["tokens"]
+        lines.append(f"**{best['config']}** reaches the target {t['accuracy']:.3f} ({t['source']}) with "
+                     f"{_ratio_text(e['ratio'])} of the baseline's generated tokens (median ratio over seeds "
+                     f"[95% seed-bootstrap interval]; {e['reached']}/{e['seeds']} seeds reach it).")
+    return lines + [""]
+
+
 def render_markdown(summary: dict[str, Any], plots: Sequence[str]) -> str:
     """report.md from the summary; ``plots`` are file names beside it."""
     s, b = summary["sweep"], summary["baseline"]
     ms = measures(summary["projection_mu"])
     lines = [f"# Sweep report: {s['name']} ({s['sweep_id']})", "",
              f"MLflow parent run `{s['parent_run_id']}`. Accuracy is held-out greedy accuracy, median over seeds "
-             "(IQR in report.json and the plots).", "", *_swept(summary), "", "## Results", "",
+             "(IQR in report.json and the plots).", "", *_glance_lines(summary, plots), *_swept(summary), "",
+             "## Results", "",
              f"Baseline `{b['config']}` peaks at median accuracy {b['peak_accuracy']:.3f} (step {b['peak_step']}). "
              "Compute to reach that peak, and its ratio to the baseline's compute at its own peak:", "",
              _table(summary), "",

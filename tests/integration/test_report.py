@@ -267,6 +267,24 @@ def test_per_seed_crossings_at_the_baselines_peak(built):
     assert "## Per-seed crossings" in md and "Target: accuracy 0.600 (the baseline's median peak)" in md
     assert "| replay | 2.00 | 0.58 | 3/4 |" in md and "still rising" not in md
     assert "**No ratio**: only 2 of the baseline's 4 seeds reach the target" in md
+    # the answer comes first: the figure, then why there is no ratio
+    glance = md.split("## At a glance", 1)[1].split("## What was swept", 1)[0]
+    assert "![held-out accuracy against generated tokens" in glance and "(accuracy_vs_tokens.png)" in glance
+    assert "No ratio: only 2 of the baseline's 4 seeds reach the target 0.600" in glance
+
+
+def test_the_report_opens_with_the_figure_and_the_best_ratio(store, tmp_path):
+    """At a stated target the baseline's median seed gets there: the glance names the best
+    configuration with its token ratio and interval, under the accuracy-tokens figure."""
+    built = report.build_report(store["uri"], store["parent"], target=0.55, out=tmp_path / "r")
+    md = built.path.read_text()
+    assert md.index("## At a glance") < md.index("## What was swept") < md.index("## Plots")
+    glance = md.split("## At a glance", 1)[1].split("## What was swept", 1)[0]
+    r = built.summary["best"]["evidence"]["tokens"]["ratio"]
+    assert "(accuracy_vs_tokens.png)" in glance and (tmp_path / "r" / "accuracy_vs_tokens.png").stat().st_size > 1000
+    assert (f"**replay** reaches the target 0.550 (stated (--target)) with {r['ratio']:.2f} [{r['low']:.2f}, "
+            f"{r['high']:.2f}] of the baseline's generated tokens") in glance
+    assert "3/4 seeds reach it" in glance or "4/4 seeds reach it" in glance
 
 
 def test_per_seed_crossings_at_a_stated_target_give_a_ratio_with_an_interval(store):

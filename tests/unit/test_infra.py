@@ -119,6 +119,10 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
     assert resolve_config(long.overrides).loop.steps == 3 * resolve_config(default.overrides).loop.steps
     configs, seeds, overrides, factors = settle(None, {"a": []}, None, ["loop.steps=3"], None)
     assert (configs, seeds, overrides, factors) == ({"a": []}, [0, 1], ["loop.steps=3"], [])
+    # the quick grid: the baseline against the best configuration on an odd number of held-out seeds
+    quick = GRIDS["quick"]
+    assert set(quick.configs) == {"no_buffer", "posbias_prio512_r32_b32"}
+    assert len(quick.seeds) % 2 == 1 and len(quick.seeds) >= 3 and not set(quick.seeds) & set(quick.selection["seeds"])
     configs, seeds, overrides, factors = settle("quick", None, [5], ["loop.steps=3"], [2])
     assert seeds == [5] and factors == [2.0] and overrides[-1] == "loop.steps=3"
     assert overrides[:-1] == GRIDS["quick"].overrides
