@@ -25,7 +25,7 @@ Decisions (DESIGN.md, principles 1 and 3 still hold):
   its own table handle) looks for new fragments every ``interval`` seconds, scans them and
   holds the rows and the table's row count as of that look; :meth:`refresh` then only merges
   what it holds, and :meth:`stored` gives that count (the rows a round may use). So the
-  learner no longer reads the generators' fragments between its learner steps (20-40 ms a
+  learner does not read the generators' fragments between its learner steps (20-40 ms a
   round on the default model): the reading overlaps the learner's compute. Rows still enter
   the mirror only once committed (they are read from the table), and a :meth:`fill` discards
   whatever the thread read before it.

@@ -12,9 +12,9 @@ Decisions (DESIGN.md, principles 1, 3, 4 and 5):
   ids are already stored, through the btree index on the id column, and appends only the
   others as one new fragment (a plain Lance append, what lancedb's ``table.add`` does): a
   committed batch that is retried inserts nothing and makes no commit. ``merge_insert`` joins
-  the batch against the whole id column and costs several times more: the previous design
-  (``merge_insert`` after an unindexed lookup) appended ~12k rows/s at 300k rows on this
-  2-core machine, this one ~60k rows/s at 1M (``python -m replay_pipeline.benchmarks.buffer``).
+  the batch against the whole id column and costs several times more: after an unindexed
+  lookup it appended about a fifth as many rows a second as this append does
+  (``python -m replay_pipeline.benchmarks.buffer``).
 * **The id lookup is one range probe, not an ``IN`` list.** The lookup reads the stored ids
   between the batch's smallest and largest id (``id >= lo AND id <= hi``, one btree probe) and
   intersects them with the batch in memory. Deterministic ids sort by run and step, so a batch
@@ -102,8 +102,8 @@ _ID_RANGE_SLACK = 1024
 #: cost grows with the table (~9 s per compaction at 1M rows here); at 128k a row's data is
 #: rewritten once or twice. The indexes still grow the cost with the table: every compaction
 #: adds the new rows to each btree index by rewriting it whole, and one that merged indexed
-#: fragments remaps them too (the buffer benchmark at 10M rows, quiet machine: 1.2 s per
-#: compaction in the first tenth of the fill, 6.4 s in the last, 8.8 s at most; README, "Benchmark").
+#: fragments remaps them too (the buffer benchmark at 10M rows: about a second per compaction in
+#: the first tenth of the fill, several in the last; docs/performance.md, "At 10M rows").
 COMPACT_TARGET_ROWS = 1 << 17
 _KEEP_VERSIONS = timedelta(days=7)  # lancedb's optimize() default
 # Values per `col IN (...)` filter; planning cost grows with the list, so keep it modest.

@@ -73,10 +73,10 @@ class ModelConfig:
     torch_threads: int = bounded(0, ge=0, integer=True, hint="0 chooses from the machine's load")
     """CPU threads for torch. 0 (auto): chosen when the run is built, every core on an idle
     machine, one fewer per core other processes keep busy (replay_pipeline/models/device.py,
-    auto_threads; on the 2-core machine: 2 alone, 1 beside another job, the faster count in
-    each case, README "Threads"); the run's config.yaml records the count chosen. Runs are bit
-    for bit repeatable at a fixed thread count; another count sums in another order and the
-    rollouts drift apart."""
+    auto_threads; on a 2-core machine: 2 alone, 1 beside another job, the faster count in
+    each case, docs/performance.md "Threads"); the run's config.yaml records the count chosen.
+    Runs are bit for bit repeatable at a fixed thread count; another count sums in another order
+    and the rollouts drift apart."""
     device: str = "auto"
     """Where the learner's model and the transformers generator run: `auto` (`cuda` when torch
     sees a GPU, else `cpu`; each process decides for itself), `cpu`, `cuda` or `cuda:N`
@@ -348,10 +348,10 @@ class LoopConfig:
     """Completions per held-out prompt for pass@k (k = 1, 2, 4, ... up to this)."""
     eval_top_p: float = bounded(0.95, gt=0, le=1)
     """Nucleus top_p of the sampled evaluation's pass@k at temperature 1: the paper's 0.95
-    (runs before 2026-12-01 sampled it at 1.0, plain sampling)."""
+    (1.0 is plain sampling)."""
     pass1_samples: int = bounded(4, ge=1, integer=True)
     """Completions per held-out prompt for the paper's pass@1 at temperature 0.1, top_p 0.95:
-    several, as the paper's (runs before 2026-12-01 drew one)."""
+    several, as the paper's."""
     checkpoint_every: int = bounded(100, ge=0, integer=True, hint="0: only after the last")
     """Checkpoint every this many steps (and after the last); 0 only after the last."""
     keep_checkpoints: int = bounded(3, ge=1, integer=True)
@@ -359,8 +359,8 @@ class LoopConfig:
     rounds_per_task: int = bounded(10, ge=1, integer=True, hint="1: a Prefect task per round")
     """Consecutive rounds run as one Prefect task (`rounds-FIRST-LAST` in the UI), ending early
     where an evaluation or a checkpoint falls due; every round still logs its own metrics at
-    its own step. A Prefect task costs 4-11 ms on this 2-core machine, 2-3% of a default
-    round (README, "Overhead benchmark"); 1 gives one task per round."""
+    its own step. A Prefect task run costs about as much CPU as a tenth of a default round
+    (docs/performance.md, "Prefect's cost per task run"); 1 gives one task per round."""
 
 
 @dataclass
@@ -394,8 +394,8 @@ class RewardConfig:
     timeout: Optional[float] = bounded(30.0, gt=0, finite=True, null="for no timeout")
     """Seconds one call of the reward may take. A call that takes longer scores 0, flagged
     "reward timed out after N s" like a reward that raises (the call is left to finish on a
-    daemon thread: Python cannot stop it). The guard costs one thread hand-off a batch, 1-2 us
-    a call here (README); None runs rewards inline."""
+    daemon thread: Python cannot stop it). The guard costs one thread hand-off a batch, a
+    microsecond or two a call; None runs rewards inline."""
     max_flagged_fraction: float = bounded(0.9, ge=0, le=1)
     """A training batch with a larger share of flagged rollouts (raised, not a number, timed
     out) stops the run before the batch is stored, naming the first reason: that is a broken

@@ -1,8 +1,8 @@
 """The tiny run: command-line overrides for a model and task small enough that the warm start
 takes seconds. The tests, the fault and bad-input tables (infra/) and the process-end benchmark
-use it to exercise the pipeline, not the learning (the README's default run shows the
-learning); the warm start still reaches ~30% held-out accuracy, so that groups have mixed
-rewards and non-zero advantages.
+use it to exercise the pipeline, not the learning (the default run shows the learning:
+docs/quickstart.md); the warm start still reaches ~30% held-out accuracy, so that groups have
+mixed rewards and non-zero advantages.
 """
 
 from __future__ import annotations

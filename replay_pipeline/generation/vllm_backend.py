@@ -31,11 +31,11 @@ vLLM APIs used, and where they are documented (docs.vllm.ai, "latest" as of vLLM
   scheduling deterministic").
 
 Decisions:
-- Behaviour log-probs follow the project's convention (README "Decisions worth knowing"):
-  log_softmax(logits / T) of the sampled token, *without* top-p truncation. vLLM's
-  ``logprobs_mode`` offers "raw_logprobs" (the default: before temperature) and
-  "processed_logprobs" (after temperature *and* top-k/top-p, renormalised over the kept
-  tokens; vllm/v1/sample/sampler.py and the Model Runner V2 sampler). Neither is the
+- Behaviour log-probs follow the project's convention (docs/concepts.md, "Rewards and
+  advantages, frozen at generation"): log_softmax(logits / T) of the sampled token, *without*
+  top-p truncation. vLLM's ``logprobs_mode`` offers "raw_logprobs" (the default: before
+  temperature) and "processed_logprobs" (after temperature *and* top-k/top-p, renormalised over
+  the kept tokens; vllm/v1/sample/sampler.py and the Model Runner V2 sampler). Neither is the
   convention in general, so: the engine runs with "processed_logprobs", which *is* the
   convention whenever top_p = 1 (no top-k, min-p or penalties are ever set here) -- the
   paper's training setting and this project's default -- and a call with top_p < 1 is

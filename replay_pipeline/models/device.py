@@ -81,7 +81,7 @@ def busy_cores(window: float = 0.5) -> float | None:
 def auto_threads(busy: float | None = None) -> tuple[int, str]:
     """model.torch_threads=0: the count a run takes, and why. Every core this process may use
     when the machine is idle; one fewer per core another process keeps busy, at least one.
-    Measured on the 2-core CPU machine (README, "Threads"): two threads are 1.5x faster than one
+    On a 2-core CPU machine (docs/performance.md, "Threads"): two threads are 1.5x faster than one
     when the machine is idle, and 2.2-1.8x slower beside one CPU-bound job (each spin-waits for
     the other while the job holds a core)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -64,11 +64,11 @@ Decisions:
   ``cut = fraction x loop.steps``, that step's evaluation kept and the rounds from it on
   dropped. Exact only where nothing a run does before the cut depends on its length (so here:
   a constant learning rate, evaluations at fixed multiples of steps); checked for this
-  project's runs against runs stopped there (README, "Adaptive reuse"). Every run must have
-  evaluated at its cut, pass@k too if it logs pass@k at all (a run that stopped there would
-  have), else ReportError. The buffer distributions cover whole runs and are left out (a note
-  says so); the report says what it read, and its outputs go to ``.../<name>-<id>-budget<f>``
-  and the parent run's ``report-budget<f>/``.
+  project's runs against runs stopped there (docs/guides/sweeps-and-reports.md, "Budget
+  cuts"). Every run must have evaluated at its cut, pass@k too if it logs pass@k at all (a run
+  that stopped there would have), else ReportError. The buffer distributions cover whole runs
+  and are left out (a note says so); the report says what it read, and its outputs go to
+  ``.../<name>-<id>-budget<f>`` and the parent run's ``report-budget<f>/``.
 * **Plots** are drawn with matplotlib's Agg canvas on ``Figure`` objects (no pyplot state).
 * **Outputs** go to ``out`` (default ``<root>/reports/<name>-<sweep_id>/``) and are logged as
   artifacts of the parent run under ``report/``. Bad input raises ReportError saying how to

@@ -13,13 +13,13 @@ their own, so the round waits for rollouts, draws, learns and publishes.
 Consecutive rounds run as one unit (`segments`: at most loop.rounds_per_task, ending where a
 checkpoint falls due, so a unit's rounds are never split by one). The evaluations that fall due
 inside a unit are part of it (`Evaluation`, run after the round that makes them due): one
-Prefect task holds them all, since a task run costs about 18 ms of CPU on the cores torch is
-using (README, "Prefect's cost per task run"). How a unit and a checkpoint are run is the
-caller's: `train_loop` calls them directly unless given wrappers (flows/train.py makes each a
-Prefect task, so the UI shows the run's progress). Evaluations and checkpoints are timed as
-scheduled extras, outside the overhead figure. A stop request (Ctrl-C, SIGTERM:
-replay_pipeline/system/stopping.py) raises RunStopped before the next round, never inside one's
-writes. This module must not import Prefect, MLflow or the flows.
+Prefect task holds them all, since a task run costs about as much CPU as a tenth of a default
+round, on the cores torch is using (docs/performance.md, "Prefect's cost per task run"). How a
+unit and a checkpoint are run is the caller's: `train_loop` calls them directly unless given
+wrappers (flows/train.py makes each a Prefect task, so the UI shows the run's progress).
+Evaluations and checkpoints are timed as scheduled extras, outside the overhead figure. A
+stop request (Ctrl-C, SIGTERM: replay_pipeline/system/stopping.py) raises RunStopped before the
+next round, never inside one's writes. This module must not import Prefect, MLflow or the flows.
 """
 
 from __future__ import annotations

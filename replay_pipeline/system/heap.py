@@ -17,9 +17,9 @@ in the middle of a 40-step run took 408 ms, a stall inside one learner step.
 
 What is given up: reference cycles that became garbage during start-up and survived two
 young collections are frozen with the rest and never freed: at a default run's first round,
-10,225 of 823,009 tracked objects (1.2%), which a full collection there would have taken
-406 ms to find (measured 2026-12-04). Only a process that deferred gets frozen: a test or a
-sweep that calls `flows.train.train()` in a longer-lived process keeps the collector as it was.
+about 1% of the tracked objects, which a full collection there would take some 400 ms to
+find. Only a process that deferred gets frozen: a test or a sweep that calls
+`flows.train.train()` in a longer-lived process keeps the collector as it was.
 Ground floor: imports nothing of the project.
 """
 

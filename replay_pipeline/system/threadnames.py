@@ -2,8 +2,8 @@
 view and `/proc/<pid>/task/*/comm` then tell the table writer from the MLflow writer.
 
 Python 3.11 names a thread only inside Python; to the operating system every thread of a
-run is called after the process ("python"), so measuring which thread spends the CPU (as
-README, "Performance", does from `/proc/<pid>/task/*/stat`) meant guessing from thread ids.
+run is called after the process ("python"), so measuring which thread spends the CPU (from
+`/proc/<pid>/task/*/stat`, py-spy or `top -H`) would mean guessing from thread ids.
 
 * `name_os_thread()` gives the calling thread its Python name, cut to Linux's 15 bytes
   (prctl(PR_SET_NAME)); a ThreadPoolExecutor's `initializer`.

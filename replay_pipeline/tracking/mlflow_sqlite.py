@@ -2,11 +2,12 @@
 path, used by tracking.MlflowTracker's writer thread for a `sqlite:///` tracking URI.
 
 Why: MLflow's `SqlAlchemyStore.log_batch` builds an ORM object per metric and reads and updates
-`latest_metrics` through the ORM: about 110 us of CPU per metric on the 2-core machines of
-README's "Performance" (a one-second batch of the default run, ~6 rounds of 95 metrics, took
-62 ms), in a thread that shares the interpreter lock and both cores with generation and
-training. The same rows through sqlite3's `executemany` take a small fraction of that
-(`python -m replay_pipeline.benchmarks.metrics` measures both).
+`latest_metrics` through the ORM: 80-110 us of CPU per metric on a 2-core machine, tens of
+milliseconds for a one-second batch of the default run (~6 rounds of 95 metrics;
+docs/performance.md, "Metrics into MLflow's SQLite store"), in a thread that shares the
+interpreter lock and both cores with generation and training. The same rows through sqlite3's
+`executemany` take a small fraction of that (`python -m replay_pipeline.benchmarks.metrics`
+measures both).
 
 What it writes is what `log_batch` writes for metrics that name no logged model (ours never
 do), in one transaction:

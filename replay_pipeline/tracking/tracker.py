@@ -7,13 +7,13 @@ through the fluent API only, so it points the process's tracking URI at this sto
 call and back after it. Metrics are written by a background thread, so a round never
 waits for the tracking store, and that thread gathers what was logged over up to
 `COALESCE_SECONDS` (1 s) into one batch, less work for a thread that shares the interpreter
-lock and the cores with generation and training (measured: the peer benchmark, README). On a
-plain SQLite store the batch's rows go straight into MLflow's metric tables
-(replay_pipeline/tracking/mlflow_sqlite.py: MLflow's own log_batch spends 80-110 us of CPU a metric in
-its ORM, 45-60 ms a second of the default run, the rows 17 us); any other store gets
-`log_batch`. The MLflow UI then lags by at most a second. `flush()` writes at once and waits
-for them, and runs before every checkpoint and at `finish()`, so a checkpoint implies that the
-metrics of the steps it covers are stored. A writer error surfaces at the next call.
+lock and the cores with generation and training (docs/performance.md, "Metrics into MLflow's
+SQLite store"). On a plain SQLite store the batch's rows go straight into MLflow's metric
+tables (replay_pipeline/tracking/mlflow_sqlite.py: MLflow's own log_batch spends 80-110 us of
+CPU a metric in its ORM, 45-60 ms a second of the default run, the rows 17 us); any other
+store gets `log_batch`. The MLflow UI then lags by at most a second. `flush()` writes at once
+and waits for them, and runs before every checkpoint and at `finish()`, so a checkpoint implies
+that the metrics of the steps it covers are stored. A writer error surfaces at the next call.
 `NullTracker` has the same interface and does nothing, which keeps `if tracker:` checks out of
 the training loop. A new local SQLite store starts as a copy of an empty migrated one
 (`seed_sqlite_store`, replay_pipeline.tracking.sqlite_templates).

@@ -155,7 +155,7 @@ class WeightFollower:
 
     `newest(seen)` is what a generator calls before each batch, with the version it holds: the
     newest published version if it is newer (from memory when the thread has read it, else
-    read now, as before), or None. A generator therefore still starts every batch on the
+    read in line), or None. A generator therefore still starts every batch on the
     newest version published by then; the thread only moves the disk read off its path. An
     error in the thread is not fatal: the in-line read takes over."""
 
