@@ -28,16 +28,13 @@ directory after each compaction and after the final one. The last is the peak to
 deleted during a benchmark (below). Measured at 20k-200k rows, a compaction's cost grows with
 the table, not with the rows it merges: Lance remaps every btree index in full when it
 rewrites indexed fragments, and ``optimize_indices`` rewrites each index whole to add the new
-rows (a remapping compaction took 1.3 s at 164k rows on two cores busy with other work,
-~8 us per stored row; the README's 1M figures suggest ~3 us on an idle machine: from 30 s to
-80 s per compaction near 10M rows, every other one).
+rows (docs/performance.md, "At 10M rows", has a 10M-row fill's compactions).
 
 It prints a table with the targets (>= 50k rows/s appended in the last compaction cycle,
 <= 20 ms per draw from a 100k window, <= 200 ms per 1% version-range query; the same targets
 at 1M and 10M rows; the 1M-window draw is printed without one) and one JSON line with every
 figure (lists for the series). ``--quick`` is ``--rows 100000``, a few seconds; 1M rows take
-under a minute; 10M rows, extrapolated from the compactions measured up to 200k rows, 15-40
-minutes (an idle machine to one as loaded as that measurement's), most of it compacting.
+under a minute; 10M rows about ten minutes on a quiet 2-core machine, most of it compacting.
 
 Disk space, checked before the fill starts. The estimate is measured, not taken from the
 schema: a sample of :data:`SAMPLE_APPENDS` batches (of ``--batch`` rows, at most 2,048) is

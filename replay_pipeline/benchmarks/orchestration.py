@@ -2,19 +2,19 @@
 process (Prefect's task engine, its events and logs) and of its private Prefect server
 (receiving the events, recording the task run, persisting the events, storing the logs),
 as the trainer's server runs them (its task-run recorder in batches: flows/prefect_server.py
-`RECORDER_BATCH`, no background worker), with the event persister's batches larger too (tried
-and not adopted: README, "Prefect's cost per task run"), and with Prefect's defaults (its
+`RECORDER_BATCH`, no background worker), with the event persister's batches larger too (not
+adopted: docs/performance.md, "Prefect's cost per task run"), and with Prefect's defaults (its
 background worker on); and each server's idle CPU a second.
 
     python -m replay_pipeline.benchmarks.orchestration                 # 3 repeats of 200 task runs a side
     python -m replay_pipeline.benchmarks.orchestration --tasks 400 --repeats 5 --out orchestration.json
 
-Why it matters: in a sync run every rounds task (an evaluation ends the one before it) is a task run, and
-both processes' work lands on the cores generation and training are using (README,
-"Performance"). A side is one server, started as the trainer starts its own (the idle services
-off, a fresh PREFECT_HOME) with its side's settings, and one flow run of `--tasks` trivial
-task runs against it from this process, `--gap` seconds apart (a trainer's tasks never come
-back to back). The sides take turns, in reverse order every other repeat.
+Why it matters: in a sync run every rounds task is a task run, and both processes' work lands
+on the cores generation and training are using (docs/performance.md, "Prefect's cost per task
+run"). A side is one server, started as the trainer starts its own (the idle services off, a
+fresh PREFECT_HOME) with its side's settings, and one flow run of `--tasks` trivial task runs
+against it from this process, `--gap` seconds apart (a trainer's tasks never come back to
+back). The sides take turns, in reverse order every other repeat.
 
 What is measured, per side and repeat (medians over repeats are printed):
 * server CPU per task run: the server's whole CPU from the flow's start to its exit (its exit

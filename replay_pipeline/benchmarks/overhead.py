@@ -107,7 +107,8 @@ def report(result: dict[str, Any]) -> str:
 
 def breakdown(per_round: float, means: dict[str, float]) -> list[str]:
     """A sync round's milliseconds, part by part (SYNC_PARTS) and the rest, with their
-    shares of the round: the README's table of where a default round goes."""
+    shares of the round: the table of where a default round goes (docs/performance.md,
+    "Where a round's time goes")."""
     lines = [f"  {'where a round goes':<46} {'ms':>7} {'share':>7}"]
     accounted = 0.0
     for label, part in SYNC_PARTS:

@@ -23,9 +23,9 @@ How it runs:
    one runs while the other two are stopped (SIGSTOP on the whole process tree, our Prefect
    server included), ours trl bare ours trl bare ... until each has ended, so every side's
    steps are spread over the same minute and a slow spell of the machine falls on all of them.
-   `--interleave processes` runs one whole process after another instead (as before
-   2026-12-05: each side's ~6 s of steps sat 15-30 s away from the others', and this
-   machine's speed drifts by 10-15% over such spans);
+   `--interleave processes` runs one whole process after another instead (each side's few
+   seconds of steps then sit tens of seconds away from the others', and a 2-core VM's speed
+   drifts by 10-15% over such spans);
 4. per side and repeat, the median seconds per learner step and the generation / training /
    pipeline split (the medians of each part) over the steps no pause touched (neither the step
    nor the one before it, which resumes on caches the others evicted) and that lie in the
@@ -52,16 +52,15 @@ uses, with the summary as metrics; our side's flow runs are its children.
 Verdicts (`verdict`): a target is **met** when every repeat meets it (the largest
 within-repeat ratio, or start-up, is within the target), **missed** when no repeat does, and
 **unresolved** when the repeats straddle it. [min, max] of n repeats covers the median of the
-repeats' distribution with probability 1 - 2 / 2^n: 75% with 3 repeats, 94% with 5 (the
-README's figures); a median that happens to fall on the right side of the target while the
-repeats disagree is not quoted as a result (a drifting machine gave ours/TRL 0.907 with repeats
-0.815-1.435). Each ratio also gets the median's distribution-free interval (`median_interval`:
-the k-th smallest to the k-th largest repeat, at least 93.75% coverage; min-max up to 8
-repeats, narrower with more) and that interval's verdict (`median_verdict`), printed under
-it: with 9 repeats one repeat on each side may fall outside it. What spreads a repeat's ratio
-is mostly how few steps its medians rest on: single steps of the same code vary by 10-20% on
-this machine from one second to the next (the same side, even within a turn), so `--steps`
-narrows the repeats more than turns alone do.
+repeats' distribution with probability 1 - 2 / 2^n: 75% with 3 repeats, 94% with 5; a median
+that happens to fall on the right side of the target while the repeats disagree is not quoted
+as a result (a drifting machine gave ours/TRL 0.907 with repeats 0.815-1.435). Each ratio
+also gets the median's distribution-free interval (`median_interval`: the k-th smallest to the
+k-th largest repeat, at least 93.75% coverage; min-max up to 8 repeats, narrower with more) and
+that interval's verdict (`median_verdict`), printed under it: with 9 repeats one repeat on each
+side may fall outside it. What spreads a repeat's ratio is mostly how few steps its medians rest
+on: single steps of the same code vary by 10-20% on this machine from one second to the next
+(the same side, even within a turn), so `--steps` narrows the repeats more than turns alone do.
 
 Noise (`noise`): whether the machine was quiet, and how much one step varies.
 - In turns, measured: the cores that processes other than the sides (and this one) kept busy
@@ -72,31 +71,25 @@ Noise (`noise`): whether the machine was quiet, and how much one step varies.
 - Per side and repeat, the spread of its steps' seconds, interquartile range over median
   (`step_noise`, the median over sides and repeats in the summary). With `--interleave
   processes` it is the only reading and `quiet` is at most NOISE_QUIET (10%). It is not a
-  reading of the machine's load: an idle 2-core VM (load 0.0, no steal) showed 14-15% on
-  2026-12-05, the same code's steps varying from 135 to 230 ms, while another quiet one showed
-  8-9% on 2026-12-04; the drifting one of 2026-12-02 17.6%.
+  reading of the machine's load: idle 2-core VMs (load 0.0, no steal) have shown from 8% to
+  15%, the same code's steps varying from 135 to 230 ms, and a drifting one over 17%.
 
 Decisions:
 - Fresh processes rather than resets: a process carries allocator and thread-pool state and
   imported modules, and our side's start-up is only measurable in a new process.
-- Turns rather than one process after another (the default since 2026-12-05): the sides' own
-  clocks keep running while they are stopped, so each side stamps its steps and evaluations in
-  epoch seconds (`step_ended_at`, `startup_at`, each evaluation's `ended_at`; ours: MLflow's
-  timestamps of the round metrics, logged right after each round) and `apply_turns` drops or
-  corrects what a pause touched. Turns of 2 s hold about a dozen default steps; about two
-  steps a turn are dropped.
-- The shared window (since 2026-12-05, 15:50): turns put the sides on the same minute only
-  while all of them are taking steps. Ours starts its steps last (the longest start-up) and
-  ends them last (its evaluations take longer), and after the others have ended it ran on
-  alone, so over every step its first and last ones had no counterpart, and this machine's
-  speed drifts within a minute (in a 15:30 ablation every process's steps went from ~130 to
-  ~166 ms a minute into a repeat). Found in an ablation of three flows and three bare loops in
-  the same turns: over every step the bare loops differed from each other by up to 8% within a
-  repeat, over the window by at most 2.5%; the ratio of the flows to the bare loops went from
-  1.04-1.13 to 1.01-1.07. The ratio over every step stays in the summary (`every_step` under
-  each ratio) as the control: the 13:37 9-repeat run read ours/bare 1.076 over every step and
-  1.058 over the window, ours/trl 0.983 and 0.962. The window was chosen on those earlier runs;
-  the README's figures come from runs after it.
+- Turns rather than one process after another: the sides' own clocks keep running while they
+  are stopped, so each side stamps its steps and evaluations in epoch seconds (`step_ended_at`,
+  `startup_at`, each evaluation's `ended_at`; ours: MLflow's timestamps of the round metrics,
+  logged right after each round) and `apply_turns` drops or corrects what a pause touched. Turns
+  of 2 s hold about a dozen default steps; about two steps a turn are dropped.
+- The shared window: turns put the sides on the same minute only while all of them are taking
+  steps. Ours starts its steps last (the longest start-up) and ends them last (its evaluations
+  take longer), and after the others have ended it runs on alone, so over every step its first
+  and last ones have no counterpart, and a 2-core VM's speed drifts within a minute (turns.py).
+  In an ablation of three flows and three bare loops in the same turns, the bare loops differed
+  from each other by up to 8% within a repeat over every step and by at most 2.5% over the
+  window. The ratio over every step stays in the summary (`every_step` under each ratio) as
+  the control.
 - The order within a block stays ours, trl, bare (A B C A B C): with at least 3 repeats each
   side has neighbours on both sides in time; the per-repeat ratios show a drift if there is one.
 - Accuracy is deterministic per side under the seed; `accuracy_repeatable` says whether every

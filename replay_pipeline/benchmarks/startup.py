@@ -11,8 +11,8 @@ step-0 one, which the start-up figure leaves out):
   time and full collections deferred until the first round (replay_pipeline/system/heap.py);
 - **no bytecode**: `PYTHONPYCACHEPREFIX` pointed at an empty folder and
   `PYTHONDONTWRITEBYTECODE=1`, so every module is compiled from source in every process:
-  what a machine that sets PYTHONDONTWRITEBYTECODE=1 (this kind does) got before the install
-  compiled it;
+  what a machine that sets PYTHONDONTWRITEBYTECODE=1 (this kind does) gets without the
+  bytecode the install compiles;
 - **full collections**: the command with `heap.defer_full_collections` made a no-op, so the
   collector walks the growing heap as Python's defaults have it.
 

@@ -5,12 +5,12 @@ one's own timings.
     turns = take_turns([("ours", cmd_a, log_a), ("trl", cmd_b, log_b)], slice_seconds=2.0)
     turns["ours"].pauses      # [(stopped_at, resumed_at), ...] in epoch seconds
 
-Why (the peer benchmark, replay_pipeline/benchmarks/peers.py): its sides used to run one after
-another, a fresh process each of 15-30 s, and this 2-core machine's speed drifts by 10-15% over
-tens of seconds, so two processes of the same code a minute apart differed by as much as the
-effect measured (ours/bare within one repeat ranged 0.95-1.30 on 2026-12-04). In turns of a few
-seconds every side's steps are spread over the same minute, so a slow or fast spell falls on all
-of them alike, while each side still runs alone on the cores, in a fresh process of its own.
+Why (the peer benchmark, replay_pipeline/benchmarks/peers.py): run one after another, its sides
+are fresh processes of 15-30 s each, and a 2-core VM's speed drifts by 10-15% over tens of
+seconds, so two processes of the same code a minute apart differ by as much as the effect
+measured. In turns of a few seconds every side's steps are spread over the same minute, so a
+slow or fast spell falls on all of them alike, while each side still runs alone on the cores, in
+a fresh process of its own.
 
 Rules:
 - A side's whole process tree is stopped: `python -m flows.train` and its Prefect server (a
@@ -43,11 +43,11 @@ process) are counted without the pauses inside it.
 Turns spread the sides over the same minute only while all of them are taking steps. A side
 with a longer start-up begins its steps later, one with more to do between steps (evaluations)
 ends them later, and after the others have ended it runs on its own, cycle after cycle: its
-first and last steps have no counterpart on the other sides, and this machine's speed drifts
-over such spans (on 2026-12-05 every process's steps went from ~130 to ~166 ms within a few
-seconds, a minute into a repeat, and stayed there). `shared_window` is the stretch of wall time
-in which every command was taking steps (from the latest first step's start to the earliest
-last step's end) and `in_window` the steps inside it: the caller compares the sides over it.
+first and last steps have no counterpart on the other sides, and the machine's speed drifts
+over such spans (every process's steps can go from ~130 to ~166 ms within a few seconds and stay
+there). `shared_window` is the stretch of wall time in which every command was taking steps
+(from the latest first step's start to the earliest last step's end) and `in_window` the steps
+inside it: the caller compares the sides over it.
 """
 
 from __future__ import annotations
