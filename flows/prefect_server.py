@@ -3,10 +3,10 @@ flows.evaluate` (when no PREFECT_API_URL is set), started by us instead of by Pr
 a stop behaves. (`python -m flows.sweep`'s own flow still runs on Prefect's; its children are
 `flows.train` commands, each with a server of its own.)
 
-Prefect's own temporary server is a child in the trainer's process group: Ctrl-C in the
-terminal reaches it too, it dies first, and the trainer then retried the dead server for
-about 75 s before exiting with a traceback; after `kill <pid>` it outlived the trainer. This
-one is the same server (Prefect's uvicorn app, same settings, UI off) with two differences:
+Prefect's own temporary server is a child in the trainer's process group: Ctrl-C in the terminal
+reaches it too, it dies first, and the trainer then retries the dead server for more than a
+minute before exiting with a traceback; after `kill <pid>` it outlives the trainer. This one is
+the same server (Prefect's uvicorn app, same settings, UI off) with two differences:
 
 * it runs in a session of its own (`start_new_session`), so a terminal's Ctrl-C reaches only
   the trainer, which then reports the flow run's end to a server that is still there;
@@ -34,8 +34,7 @@ template); later new homes link a copy into place only while none exists. Either
 then writes the home's memo of the registration (Prefect's own `memo_store.toml`, a hash that
 includes this home's database URL), so the server's start finds the schema at head and the
 block types registered and does neither again. Any failure here leaves the home to Prefect's
-own migration and registration. The server was ready 17.0 s after launch on a new home without
-the template, 8.0 s with it before the memo (README).
+own migration and registration. What it saves a new run root: docs/performance.md, "Start-up".
 
 The server's loop services that a trainer's private server has no work for are off
 (`IDLE_SERVICES`: deployment schedules, late scheduled runs, workers' heartbeats, pause
@@ -48,9 +47,9 @@ cost after its boot: about 1 s of CPU for the 130 task-run state events of that 
 
 The private server runs without Prefect's background worker (docket's `Worker`, which runs
 the server's perpetual services and a few tasks its API enqueues). Every perpetual service
-that would give it work here is off, yet idle it polled its queues, its scheduler and its
+that would give it work here is off, yet idle it polls its queues, its scheduler and its
 cancellation channel: 14-15 ms of the server's CPU a second and about 90 of its 120 wake-ups a
-second (per-thread /proc readings and py-spy, 2026-12-05), each one taken from a core torch is
+second (per-thread /proc readings and py-spy), each one taken from a core torch is
 spinning on; without it, 3-4 ms and about 30 (`python -m replay_pipeline.benchmarks.orchestration`
 prints each side's idle rate). What its API still enqueues (a deleted flow run's logs, the
 check of a run left CANCELLING, an event vacuum an hour in) then waits in the server's memory
@@ -62,19 +61,16 @@ The task-run recorder writes in batches on the private server (`RECORDER_BATCH`:
 events, at least every 2 s; Prefect's default writes each event in a transaction of its own,
 and the event persister already batches, 20 events or 5 s). Its work lands on the cores torch
 is using, mostly in the round after each evaluation (the evaluation task's end, the next rounds
-task's start). In the peer benchmark's turns and estimator, 4 repeats of the flow with and
-without it beside the bare loop (2026-12-05 16:12-16:21, an evaluation every 4 steps): ours/bare
-1.044 / 1.068 / 1.035 / 1.056 with it against 1.087 / 1.081 / 1.069 / 1.071 without, and the
-round after an evaluation 150.6 ms against 177.3 (the other rounds 140-145 ms either way). A
-batch is held in the server's memory until it is written: the server writes it when it stops,
-whether the trainer stops it (SIGTERM at exit) or its watchdog finds the trainer gone (even
-after kill -9: the watchdog then stops the server the same way, and ends it hard only if that
-takes over STOP_GRACE_S). Meanwhile a task's state reaches PREFECT_HOME's database up to
-2 s late; the run's own records (rollouts, MLflow) do not go through the server. What one task
-run costs this server and the trainer, with and without the batches, is measured by `python -m
-replay_pipeline.benchmarks.orchestration` (README, "Prefect's cost per task run": 10.7 ms of the
-server's CPU with the recorder's batches, 30.2 with Prefect's defaults). Larger batches for the
-event persister too were measured there and not adopted: no difference the repeats could see.
+task's start). In the peer benchmark the batches take a few per cent off ours against the
+bare loop, most of it in the round after each evaluation. A batch is held in the server's memory
+until it is written: the server writes it when it stops, whether the trainer stops it (SIGTERM
+at exit) or its watchdog finds the trainer gone (even after kill -9: the watchdog then stops the
+server the same way, and ends it hard only if that takes over STOP_GRACE_S). Meanwhile a task's
+state reaches PREFECT_HOME's database up to 2 s late; the run's own records (rollouts, MLflow)
+do not go through the server. What one task run costs this server and the trainer, with and
+without the batches, is measured by `python -m replay_pipeline.benchmarks.orchestration`
+(docs/performance.md, "Prefect's cost per task run"). Larger batches for the event persister too
+were measured there and not adopted: no difference the repeats could see.
 """
 
 from __future__ import annotations

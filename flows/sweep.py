@@ -109,7 +109,8 @@ _HALF = ["experiment=replay", "buffer=positive_bias", "buffer.strategy=prioritiz
 #: The paper's comparison at this project's scale (issue 8): the on-policy baseline against FIFO
 #: buffers of several capacities and replay ratios, positive-bias sampling and AsymRE, at equal
 #: settings otherwise; then a learning-rate sweep of the baseline and of the best buffer
-#: configuration. Measured: 38 min on a 2-core CPU machine (README, "Results"; the budget is 60).
+#: configuration. Measured: 38 min on a 2-core CPU machine (docs/results.md, "Exploration"; the
+#: budget is 60).
 _DEFAULT = Grid(
     configs={
         "no_buffer": ["experiment=no_buffer"],
@@ -188,9 +189,8 @@ _PLAN_MEASURED_LONG = [*_DEFAULT.configs["posbias_prio512_r32_b32"], *_PLAN_MEAS
 GRIDS: dict[str, Grid] = {
     "default": _DEFAULT,
     # The paper's headline figure uses 10 seeds (PAPER.md, "How results are read"): the baseline
-    # and the default grid's two best buffer configurations, seeds 0-9, no learning-rate stage.
-    # Seeds 0-3 repeat the default grid's runs exactly (training is deterministic under the seed).
-    # Measured: 26 min on the 2-core CPU machine (README, "The headline at 10 seeds").
+    # and the default grid's two best buffer configurations, no learning-rate stage. Measured:
+    # 44 min on a 2-core CPU machine (docs/results.md, "Headline on confirmation seeds").
     # Confirmation seeds 10-19: the two configurations were chosen on the default grid's seeds
     # 0-3 (and its pass@16 variants on seeds 0-1 and 0-3), so those seeds cannot confirm them.
     # With both controls: the on-policy baseline at the winners' size, and the same drawing by
@@ -212,9 +212,8 @@ GRIDS: dict[str, Grid] = {
     # baseline steps, 19,200 rollouts): at 100 steps every baseline run is still climbing fast,
     # while the paper compares runs near their peak (PAPER.md, "How results are read"); over 300
     # steps the baseline's climb slows down (it has not stopped: its median peaks at step 300).
-    # Measured: 45 min on the 2-core CPU machine for the first two configurations at 2 threads;
-    # with both controls, at one thread beside other work, 142 min (README, "At three times the
-    # budget, on confirmation seeds 10-19").
+    # Measured: 142 min on a 2-core CPU machine at one thread beside other work (docs/results.md,
+    # "Three times the budget on confirmation seeds").
     "long": Grid(
         configs={**{name: _DEFAULT.configs[name]
                     for name in ("no_buffer", "posbias_prio512_r32_b32", "no_buffer_r32")},
@@ -268,17 +267,19 @@ GRIDS: dict[str, Grid] = {
         about="adaptive reuse (kl_budget 0.005) and the planner's measured plan against the best static "
               "configuration and the baseline, 10 confirmation seeds (10-19)"),
     # The same at three times the budget (300 baseline steps), the rule and the static
-    # configuration against the baseline, on seeds 10-14; run on 2026-12-02 as two processes
-    # (--seeds 10,11,12 and 13,14, --shard), about 75 min (README, "Adaptive reuse").
+    # configuration against the baseline, on seeds 10-14; as two processes (--seeds 10,11,12 and
+    # 13,14, --shard) about 75 min (docs/results.md, "At three times the budget, on one warm
+    # start").
     "adaptive-long": _ADAPT_LONG,
     # The evidence protocol's better control (at 3x in the long grid: 0.86 of the baseline's
     # tokens against no_buffer_r32's 0.92) at the adaptive-long grid's budget, seeds and warm
     # start: a shard of that grid split by configuration (run with --name adaptive-long
     # --no-report, then one report over both: flows.report A --root RA --shard RB B --shard RC C),
     # so that adaptive reuse, the static configuration and the controls are read against one
-    # baseline (README, "Adaptive reuse"). equal_budget scales a configuration against the
-    # baseline only when the baseline is among the grid's configurations: this shard states the
-    # budget itself (the baseline's 300 steps of 64 rollouts = 600 of 32, evaluated every 640).
+    # baseline (docs/results.md, "At three times the budget, on one warm start"). equal_budget
+    # scales a configuration against the baseline only when the baseline is among the grid's
+    # configurations: this shard states the budget itself (the baseline's 300 steps of 64
+    # rollouts = 600 of 32, evaluated every 640).
     "adaptive-long-controls": replace(
         _ADAPT_LONG,
         configs={"onpolicy_prio_r32_b32": [*_ONPOLICY_PRIO, *_LONG_R32_BUDGET]},
@@ -289,7 +290,7 @@ GRIDS: dict[str, Grid] = {
     # measured plan on the static design and the other control (the on-policy baseline at the
     # winners' 4 prompts a step), so that every configuration of the 1x comparison is read at
     # 3x on one warm start; flows.report --budget 0.3333 reads the same runs at the default
-    # budget (README, "Adaptive reuse").
+    # budget (docs/results.md, "The same runs at the default budget").
     "adaptive-long-more": replace(
         _ADAPT_LONG,
         configs={"plan_measured": _PLAN_MEASURED_LONG,
@@ -300,7 +301,8 @@ GRIDS: dict[str, Grid] = {
     # and the measured plan (the best at 3x on seeds 10-14, 0.51 [0.36, 0.71]: decided after
     # that result, to read the best configuration on the protocol's ten confirmation seeds),
     # a shard of adaptive-long split by seed; run with --name adaptive-long --no-report and
-    # reported with the other parts (README, "Adaptive reuse").
+    # reported with the other parts (docs/results.md, "At three times the budget, on one warm
+    # start").
     "adaptive-long-best": replace(
         _ADAPT_LONG,
         configs={"no_buffer": _ADAPT_COMPARED["no_buffer"],
@@ -340,7 +342,7 @@ def plan(configs: dict[str, list[str]], seeds: list[int], overrides: list[str], 
 
     A seed changes nothing but ``seed=``, so each configuration is composed at the first seed
     and each further seed at the first configuration: C + S - 1 compositions, not C x S (a
-    composition took 0.3-0.4 s on the 2026-12-03 machine; a built-in grid has 4-50 children)."""
+    composition takes a few tenths of a second; a built-in grid has 4-50 children)."""
     problems = []
     if not configs:
         problems.append("no configurations: give at least one --config NAME=OVERRIDE[,OVERRIDE...]")

@@ -29,12 +29,12 @@ after the round that makes them due: the task is then named `rounds-FIRST-LAST+e
 held-out accuracy ... (... s)`); the starting policy's evaluation (`evaluate-v0`) and
 checkpoints (`checkpoint-N`) are tasks of their own. So the UI shows the run's progress with its timing;
 every round's per-phase timings (generate, score, append, sample, learn) and every
-evaluation's seconds are MLflow metrics at their own step. A Prefect task run costs about
-18 ms of CPU here (10.7 in the private server, 7.4 in the trainer: `python -m
-replay_pipeline.benchmarks.orchestration`) against a default round's ~240 ms, which is why a task
-covers several rounds (loop.rounds_per_task=1: one per round) and why an evaluation neither
-has a task of its own nor ends one: until 2026-12-05 both held, and at an evaluation every 4
-rounds that made two task runs every 4 rounds instead of one every 10 (README, "Performance").
+evaluation's seconds are MLflow metrics at their own step. A Prefect task run costs the
+trainer and its private server together about as much CPU as a tenth of a default round
+(`python -m replay_pipeline.benchmarks.orchestration` measures it; docs/performance.md,
+"Prefect's cost per task run"), which is why a task covers several rounds
+(loop.rounds_per_task=1: one per round) and why an evaluation neither has a task of its own
+nor ends one: either would add a task run at every evaluation.
 """
 
 from __future__ import annotations

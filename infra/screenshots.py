@@ -1,6 +1,7 @@
-"""Screenshots of a run as a person sees it in the Prefect and MLflow UIs (the README's).
+"""Screenshots of a run as a person sees it in the Prefect and MLflow UIs (the docs' pictures,
+docs/images/).
 
-    python infra/screenshots.py ROOT RUN_ID [--out docs]
+    python infra/screenshots.py ROOT RUN_ID [--out docs/images]
 
 Starts an MLflow UI on ROOT's mlflow.db and a Prefect server on ROOT's .prefect (PREFECT_HOME,
 with PREFECT_UI_API_URL pointing the UI at it), each on a free local port, and saves with
