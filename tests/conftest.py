@@ -24,7 +24,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 # The suite runs in two pytest-xdist workers (pyproject's addopts) on a 2-core machine: every
 # torch in it, in-process or in a subprocess, takes one thread, so that two workers never
-# spin-wait for each other's core (two threads beside a job: 2.2x slower a round, README).
+# spin-wait for each other's core (two threads beside a job: about 2x slower a round,
+# docs/performance.md "Threads").
 # Set before torch loads anywhere; subprocesses inherit it.
 TEST_THREADS = 1
 """torch threads of every run the tests start."""
@@ -43,7 +44,7 @@ os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts
 TIERS = ("unit", "integration", "contract", "e2e")
 
 
-#: The suite's longest files (seconds of one worker, 2026-12-03, two workers): started first.
+#: The suite's longest files (by the seconds each takes in one of the two workers): started first.
 LONGEST_FIRST = ("test_guard_rails", "test_faults", "test_dask", "test_async", "test_custom_task_runs",
                  "test_servers", "test_viewer", "test_peers", "test_sweep", "test_train_flow")
 #: Then whole tiers, slowest first: a worker that ends its last file early idles while the other

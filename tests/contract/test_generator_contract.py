@@ -30,8 +30,9 @@ log-prob tolerances and the tiny model it runs. The checks:
    another shape is refused with a ValueError.
 5. sampling settings: with top_p < 1 every sampled token lies in the nucleus of
    softmax(logits / T), while the stored log-probs are those of the full softmax, not the
-   renormalised nucleus (README "Decisions worth knowing"); ``greedy=True`` picks the argmax
-   at every position (all G samples identical) and its log-probs are at temperature 1.
+   renormalised nucleus (docs/concepts.md, "Rewards and advantages, frozen at generation");
+   ``greedy=True`` picks the argmax at every position (all G samples identical) and its
+   log-probs are at temperature 1.
 6. bad input: a prompt whose tokens plus max_new_tokens exceed the model's
    max_position_embeddings is refused with a ValueError before sampling; one that fits
    exactly is accepted.

@@ -95,7 +95,7 @@ def test_an_async_run_resumes_and_extends(tmp_path):
                            "loop.steps=5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resume async-r at step 3" in proc.stdout
-    # It says what it keeps (issue 22: it said "0 steps ... reused" while keeping them all).
+    # It says what it keeps (issue 22), not "0 steps ... reused" while keeping them all.
     assert f"{rows_before:,} stored rollouts kept as buffer data" in proc.stdout
     rows, usage = check_tables(tmp_path, "async-r", 5, workers=1)  # usage: exactly 5 rounds' worth
     assert len(rows["rollout_id"]) > rows_before  # the worker continued its own numbering

@@ -517,7 +517,7 @@ class HangingAddition(AdditionTask):
 
 
 def test_rewards_that_raise_or_hang_are_flagged_in_evaluation_too_and_a_timeout_bounds_them(root):
-    """Issue 23 item 2: a reward that raises during held-out evaluation no longer crashes the
+    """Issue 23 item 2: a reward that raises during held-out evaluation does not crash the
     run, and one that never returns is cut off by reward.timeout (a flagged 0, as in training)."""
     run = make_run(root, "hang", "reward.timeout=0.2", "loop.eval_samples=2", "loop.pass1_samples=1")
     task = HangingAddition(**dataclasses.asdict(run.task))
@@ -559,8 +559,8 @@ def test_cfg_piped_into_head_ends_quietly():
 @pytest.mark.parametrize("args, code", [(["--help"], 0), (["loop.stepz=4"], 2), (["+loop.setps=5"], 2),
                                         (["algo.lr=abc"], 2), (["--bogus"], 2)])
 def test_help_and_config_errors_answer_before_prefect_and_torch_are_imported(args, code):
-    """Issue 23: --help and configuration errors took 8-9 s (Prefect and torch imported first);
-    they are answered with Hydra and the schema only (measured: 0.2-0.3 s, README)."""
+    """Issue 23: --help and configuration errors are answered with Hydra and the schema only,
+    before Prefect and torch are imported, in well under a second (docs/reliability.md)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "flows.train", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr[-2000:]
@@ -600,7 +600,7 @@ def test_the_preflight_refuses_a_model_without_tokenizer_a_reused_run_id_and_a_s
     with pytest.raises(ConfigError, match=f"tracking.mlflow_uri=http://127.0.0.1:{port} does not answer"):
         preflight(load_config([*TINY_OVERRIDES, f"tracking.mlflow_uri=http://127.0.0.1:{port}",
                                f"tracking.root_dir={root}"]))
-    assert time.perf_counter() - started < 10  # was 4 min 13 s of retries, then a 448-line traceback
+    assert time.perf_counter() - started < 10  # not minutes of retries, then a long traceback
 
 
 def test_a_prompt_that_fills_the_models_positions_alone_is_told_so():

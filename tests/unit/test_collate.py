@@ -1,5 +1,5 @@
 """learner.collate: the rows laid out as one right-padded Batch, worked by hand, and the same
-layout as the row-by-row construction it replaced on ragged rows (empty completions included)."""
+layout as a row-by-row construction on ragged rows (empty completions included)."""
 
 from __future__ import annotations
 

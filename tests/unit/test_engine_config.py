@@ -1,6 +1,6 @@
 """The async loop's engine settings: refused by validation (pure) or, for what needs the
 machine (is dask installed? does a scheduler answer?), by the pre-flight, saying how to fix it.
-(Moved out of the e2e tier: none of these starts a run.)"""
+(In the unit tier: none of these starts a run.)"""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def test_evaluation_cost_is_judged_per_token():
 
 
 def test_a_median_within_the_target_is_not_met_when_a_repeat_misses_it():
-    # the drifting machine of 2026-12-02: median 0.907 within <= 1.0, but one repeat at 1.435
+    # a drifting machine's reading: median 0.907 within <= 1.0, but one repeat at 1.435
     ours = [record([r], [0.1], [0.1]) for r in (0.907, 1.435, 0.815)]
     trl = [record([1.0], [0.1], [0.1]) for _ in range(3)]
     bare = [record([s], [0.1], [0.1]) for s in (0.5, 0.5, 0.5)]
@@ -140,7 +140,7 @@ def test_the_medians_interval_is_the_kth_smallest_to_kth_largest(n, k, coverage)
         median_interval([])
 
 
-#: The 2026-12-05 13:37 run's ours/bare ratios, 9 repeats.
+#: The ours/bare ratios of a real run of 9 repeats (named after its start time).
 RATIOS_1337 = [1.064, 1.032, 1.072, 1.088, 1.076, 1.076, 1.130, 1.045, 1.079]
 
 
