@@ -1,15 +1,18 @@
-"""Screenshots of a run as a person sees it in the Prefect and MLflow UIs (the docs' pictures,
-docs/images/).
+"""Screenshots of a run as a person sees it in the rollout viewer and in the MLflow and Prefect
+UIs (the docs' pictures, docs/images/).
 
-    python infra/screenshots.py ROOT RUN_ID [--out docs/images]
+    python infra/screenshots.py ROOT [RUN_ID] [--out docs/images] [--viewer-only]
 
-Starts an MLflow UI on ROOT's mlflow.db and a Prefect server on ROOT's .prefect (PREFECT_HOME,
-with PREFECT_UI_API_URL pointing the UI at it), each on a free local port, and saves with
-headless Chromium: the experiment's runs table and the run's metric charts in MLflow (opened
-with `?workflowType=machine_learning`: MLflow 3's GenAI view is the default otherwise), and the
-run's flow-run page in Prefect (its task runs, artifacts and logs). The servers are stopped
-afterwards. The viewer's own screenshots come from tests/e2e/test_viewer.py
-(VIEWER_SCREENSHOTS=docs).
+RUN_ID defaults to the newest run under ROOT (a run's tracking.root_dir). Starts the rollout
+viewer (`python -m flows.view ROOT`) on a free local port and saves with headless Chromium
+viewer-runs.png (the runs list), viewer-run.png (the run's charts), viewer-step.png (its middle
+step's groups) and viewer-rollout.png (that step's most-used rollout: its tokens and uses).
+Unless --viewer-only, it then starts an MLflow UI on ROOT's mlflow.db and a Prefect server on
+ROOT's .prefect (PREFECT_HOME, with PREFECT_UI_API_URL pointing the UI at it), each on a free
+local port, and saves the experiment's runs table and the run's metric charts in MLflow (opened
+with `?workflowType=machine_learning`: MLflow 3's GenAI view is the default otherwise) and the
+run's flow-run page in Prefect (its task runs, artifacts and logs): mlflow-experiment.png,
+mlflow-run.png, prefect-flow-run.png. Every server is stopped afterwards.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: the library from this checkout
+    sys.path.insert(0, str(REPO))
+
+from replay_pipeline.reports import viewer  # noqa: E402  (after sys.path is set)
+from replay_pipeline.system.runs import list_runs  # noqa: E402
 
 
 def _port() -> int:
@@ -44,27 +54,68 @@ def _wait(url: str, seconds: float = 90) -> None:
             time.sleep(0.5)
 
 
-def shoot(chromium: str, url: str, path: Path) -> None:
+def shoot(chromium: str, url: str, path: Path, size: str = "1400,1000") -> None:
     subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1400,1000", "--virtual-time-budget=40000", f"--screenshot={path}", url],
+                    f"--window-size={size}", "--virtual-time-budget=180000", f"--screenshot={path}", url],
                    capture_output=True, timeout=180, check=True)
     print(f"{path} ({path.stat().st_size} bytes): {url}")
 
 
+def _stop(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, 15)
+    server.wait(timeout=30)
+
+
+def viewer_pages(root: Path, run_id: str) -> dict[str, str]:
+    """The viewer's pages to show, by picture name: the runs, the run, its middle step and that
+    step's most-used rollout."""
+    steps = viewer.series(root, run_id)["steps"]
+    if not steps:
+        raise SystemExit(f"run {run_id} under {root} has no rollouts yet")
+    step = steps[len(steps) // 2]
+    members = [m for g in viewer.groups(root, run_id, step) for m in g["members"]]
+    most = max(members, key=lambda m: m["reuse_count"])
+    return {"viewer-runs.png": "/", "viewer-run.png": f"/run/{run_id}", "viewer-step.png": f"/run/{run_id}/step/{step}",
+            "viewer-rollout.png": f"/run/{run_id}/rollout/{most['rollout_id']}"}
+
+
+def shoot_viewer(chromium: str, root: Path, run_id: str, out: Path) -> None:
+    pages = viewer_pages(root, run_id)
+    port = _port()
+    server = subprocess.Popen([sys.executable, "-m", "flows.view", str(root), "--port", str(port)], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait(base + "/")
+        for name, path in pages.items():
+            shoot(chromium, base + path, out / name, "1400,1300" if name == "viewer-run.png" else "1400,1000")
+    finally:
+        _stop(server)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path)
-    parser.add_argument("run_id")
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("root", type=Path, help="the run's tracking.root_dir")
+    parser.add_argument("run_id", nargs="?", help="the run (default: the newest under ROOT)")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "images")
+    parser.add_argument("--viewer-only", action="store_true", help="the viewer's pictures only, no MLflow or Prefect")
     args = parser.parse_args(argv)
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         print("error: no chromium on PATH: sh infra/install-browser.sh", file=sys.stderr)
         return 2
     root = args.root.resolve()
-    info = json.loads((root / args.run_id / "run.json").read_text())
-    flow_run = info["prefect_flow_runs"][-1]
+    runs = list_runs(root)
+    run_id = args.run_id or (runs[-1] if runs else None)
+    if run_id is None or run_id not in runs:
+        print(f"error: no run {run_id or ''} under {root}; its runs: {runs or 'none'}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    shoot_viewer(chromium, root, run_id, args.out)
+    if args.viewer_only:
+        return 0
+    info = json.loads((root / run_id / "run.json").read_text())
+    flow_run = info["prefect_flow_runs"][-1]
     mlflow_port, prefect_port = _port(), _port()
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_API_URL": f"http://127.0.0.1:{prefect_port}/api"}
@@ -89,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         shoot(chromium, f"{prefect}/runs/flow-run/{flow_run}", args.out / "prefect-flow-run.png")
     finally:
         for server in servers:
-            os.killpg(server.pid, 15)
-            server.wait(timeout=30)
+            _stop(server)
     return 0
 
 
