@@ -6,9 +6,11 @@ In a temporary root (deleted afterwards) it fills `<root>/lancedb` with syntheti
 (replay_pipeline/benchmarks/buffer.py's, 100 completion tokens each, compacted as a run
 compacts) and a usage table of one record per rollout, then requests each page of the viewer
 (flows/view.py) in-process, through its HTTP handlers, `--repeats` times, and prints the
-median milliseconds a page and one JSON line: the run page (its series read three light
-columns of every row and the usage table's step and staleness), a step's groups, one rollout
-with its uses, and a filtered page of 50 rollouts. Filling is not timed.
+median milliseconds a page, its size, and one JSON line: the run page (its series read three
+light columns of every row and the usage table's step, staleness and rollout_seq; its charts
+draw a point a step) from the start and from the middle of its step table, two runs compared,
+a step's groups, one rollout with its uses, and two filtered pages of 50 rollouts. Filling is
+not timed.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def run(rows: int, repeats: int) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="rp-bench-viewer-"))
     try:
         store = RolloutStore.create(root / "lancedb", RUN)
-        fill(store, SyntheticRollouts(100), rows, 2048, 50)
+        fill(store, SyntheticRollouts(100), rows, 2048, 50, root / "lancedb")
         store.compact()
         usage = UsageStore.create(root / "lancedb", RUN)
         _usage(store, usage)
@@ -62,10 +64,13 @@ def run(rows: int, repeats: int) -> dict[str, float]:
         client = TestClient(create_app(root))
         step = store.max_step() // 2
         rollout_id = store.rows_for_step(step, ["rollout_id"]).column("rollout_id")[0].as_py()
-        pages = {"run page (series)": f"/run/{RUN}", "a step's groups": f"/run/{RUN}/step/{step}",
+        pages = {"run page (series, charts)": f"/run/{RUN}", "run page, step table from the middle": f"/run/{RUN}?from={step}",
+                 "two runs compared (the same run twice)": f"/compare?runs={RUN},{RUN}",
+                 "a step's groups": f"/run/{RUN}/step/{step}",
                  "one rollout and its uses": f"/run/{RUN}/rollout/{rollout_id}",
-                 "50 rollouts, correct, versions 100:200": f"/run/{RUN}/rollouts?correct=1&versions=100:200"}
-        out: dict[str, float] = {"rows": rows, "usage_records": usage.count()}
+                 "50 rollouts, correct, versions 100:200": f"/run/{RUN}/rollouts?correct=1&versions=100:200",
+                 "50 rollouts used at least once, from the middle": f"/run/{RUN}/rollouts?min_reuse=1&start={rows // 2}"}
+        out: dict[str, float] = {"rows": rows, "steps": store.max_step() + 1, "usage_records": usage.count()}
         for name, url in pages.items():
             times = []
             for _ in range(repeats):
@@ -74,6 +79,7 @@ def run(rows: int, repeats: int) -> dict[str, float]:
                 times.append(time.perf_counter() - start)
                 assert response.status_code == 200, (url, response.text[-500:])
             out[name] = 1000 * statistics.median(times)
+            out[f"{name}: kB"] = len(response.content) / 1000
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -86,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args.rows, args.repeats)
     for key, value in result.items():
-        print(f"{key:<42} {value:>10.1f}{'' if key in ('rows', 'usage_records') else ' ms (median)'}")
+        unit = "" if key in ("rows", "steps", "usage_records") else " kB" if key.endswith(": kB") else " ms (median)"
+        print(f"{key.removesuffix(': kB'):<50} {value:>10.1f}{unit}")
     print(json.dumps(result))
     return 0
 
