@@ -5,7 +5,9 @@ Prefect servers (tests/servers.py).
 Tiers, one folder each, marked from the folder (never by hand): `unit` (pure functions, no
 I/O beyond tmp files), `integration` (real LanceDB tables, MLflow stores, Prefect flow runs),
 `contract` (every generator backend against one suite), `e2e` (`python -m flows.train` and
-friends as processes; most of the suite's time). `pytest -m "not e2e"` skips the slow tier.
+friends as processes; most of the suite's time), `docs` (README.md and docs/: links, the
+commands their code blocks show, the generated reference pages; tests/docs/doccheck.py).
+`pytest -m "not e2e"` skips the slow tier.
 """
 
 from __future__ import annotations
@@ -41,15 +43,16 @@ from replay_pipeline.system.runs import CACHE_ENV  # noqa: E402
 
 os.environ.setdefault(CACHE_ENV, str(Path(tempfile.mkdtemp(prefix="rp-warmstarts-"))))
 
-TIERS = ("unit", "integration", "contract", "e2e")
+TIERS = ("unit", "integration", "contract", "e2e", "docs")
 
 
 #: The suite's longest files (by the seconds each takes in one of the two workers): started first.
 LONGEST_FIRST = ("test_guard_rails", "test_faults", "test_dask", "test_async", "test_custom_task_runs",
                  "test_servers", "test_viewer", "test_peers", "test_sweep", "test_train_flow")
 #: Then whole tiers, slowest first: a worker that ends its last file early idles while the other
-#: finishes, so the short files go last, where they fill the gap.
-TIER_ORDER = ("e2e", "integration", "contract", "unit")
+#: finishes, so the short files go last, where they fill the gap (docs: four files of seconds to
+#: a minute, with the unit tier's).
+TIER_ORDER = ("e2e", "integration", "contract", "docs", "unit")
 
 
 def _tier(item) -> str | None:
