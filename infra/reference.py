@@ -32,14 +32,14 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 # Importing the flows package points Prefect's home at ./runs/.prefect unless one is set: a
 # page generator has no business there.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="rp-reference-prefect-"))
+os.environ.setdefault("PREFECT_HOME", str(Path(tempfile.gettempdir()) / "rp-reference-prefect"))
 
 SCHEMA_FILE = ROOT / "replay_pipeline" / "config" / "schema.py"
 OUT_DIR = ROOT / "docs" / "reference"

@@ -54,6 +54,9 @@ PLACEHOLDERS = [
     (r"<[^<>\n]*step[^<>\n]*>|\bSTEP\b", "100"),
     (r"<[^<>\n]+>", "placeholder"),
 ]
+#: The arguments of the argparse commands that hold Hydra overrides (flows.deploy --train-overrides,
+#: flows.plan --probe-override, the benchmarks' positional overrides); flows.sweep's are read apart.
+OVERRIDE_ARGUMENTS = ("overrides", "train_overrides", "probe_override")
 #: What is dropped from a command line: an ellipsis standing for "and so on".
 ELLIPSES = {"...", "…"}
 
@@ -526,7 +529,7 @@ def command_problems(command: Command) -> list[str]:
     if module == "flows.sweep":
         return _sweep_problems(ns, presets_elsewhere, compose)
     problems = []
-    for name in ("overrides", "train_overrides"):
+    for name in OVERRIDE_ARGUMENTS:
         if isinstance(getattr(ns, name, None), list):
             problems += override_problems(getattr(ns, name), presets_elsewhere, compose)
     return problems

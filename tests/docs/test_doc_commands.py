@@ -1,8 +1,8 @@
 """Every `python -m flows.<name> ...` and `python -m replay_pipeline.benchmarks.<name> ...` line of
 a shell block (bash, sh, console or untagged) in README.md and docs/ parses against that
 command's real parser (flows.train: the flags flows/usage.py takes), and every `key=value`
-override it gives (flows.train's, flows.sweep's shared ones and each --config's, the override
-lists of flows.deploy and the benchmarks) names a key of the schema or a preset of conf/, and
+override it gives (flows.train's, flows.sweep's shared ones and each --config's, flows.deploy's
+--train-overrides, flows.plan's --probe-override, the benchmarks' overrides) names a key of the schema or a preset of conf/, and
 the composed configuration validates (replay_pipeline.config.load_config: no Prefect, MLflow or
 model). A sweep line is checked as flows.sweep checks it before any work (grid, seeds, protocol),
 each configuration composed with the shared overrides.
@@ -79,6 +79,7 @@ def test_the_checker_catches_bad_flags_keys_presets_and_configurations(tmp_path)
         "python -m flows.sweep --quick loop.steps=30",
         "python -m flows.train +task.args.terms=4 task=custom task.target=my.module:make",
         "python -m flows.deploy --train-overrides loop.stepz=3",
+        "python -m flows.plan --probe 20 --probe-override buffer.capacity=0",
     ]
     page.write_text("```bash\n" + "\n".join(lines) + "\n```\n")
     commands, problems = doccheck.check_commands(tmp_path, [page])
@@ -98,6 +99,7 @@ def test_the_checker_catches_bad_flags_keys_presets_and_configurations(tmp_path)
         9: "unrecognized arguments: --rowz 3",
         10: "refuses it",
         15: "no key loop.stepz",
+        16: "buffer.capacity=0 must be an integer >= 1",
     }
     assert sorted(by_line) == sorted(expected), "\n".join(problems)
     for number, what in expected.items():
