@@ -4,7 +4,7 @@ Kinds (`export(kind=...)`):
 * ``sft``: the correct rollouts as (prompt, completion) pairs. Besides `question` (the prompt
   text) and `answer` (the completion) each row has `reference` = "#### <completion>", so the
   file loads back as a task data set: `task=math task.path=FILE task.format=gsm8k
-  task.answer_field=reference task.prompt_template={question}` trains on the rollouts' prompts
+  task.answer_field=reference "task.prompt_template='{question}'"` trains on the rollouts' prompts
   with their correct completions as references (rollouts reused across runs);
 * ``preference``: per group (one prompt's samples) whose best and worst rewards differ by at
   least `gap`: `prompt`, `chosen` (the best completion), `rejected` (the worst), their
@@ -116,6 +116,6 @@ def export(root: str | Path, run_ids: Sequence[str], out_dir: str | Path, *, kin
                 "command": command}
     if kind == "sft":
         manifest["load_as_task"] = (f"task=math task.path={path} task.format=gsm8k task.answer_field=reference "
-                                    "task.prompt_template={question}")
+                                    "\"task.prompt_template='{question}'\"")  # quoted: braces are Hydra grammar
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

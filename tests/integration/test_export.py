@@ -6,9 +6,11 @@ Parquet, and the table as of a checkpoint tag."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pyarrow.parquet as pq
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from flows.export import main as export_cli
 from replay_pipeline.run.resume import resolve_config
@@ -37,6 +39,9 @@ def test_sft_export_of_two_runs_loads_back_as_a_task_data_set(root, tmp_path, ca
     assert manifest["rows"] == len(rows) > 0 and {s["run_id"] for s in manifest["sources"]} == {"a", "b"}
     assert all(s["version"] > 0 for s in manifest["sources"]) and manifest["filters"]["sql"] == "correct = true"
     assert manifest["command"].startswith("python -m flows.export a b")
+    # the manifest's load_as_task is a command line a shell and Hydra's override grammar accept as written
+    parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(shlex.split(manifest["load_as_task"]))}
+    assert parsed["task.prompt_template"] == "{question}" and parsed["task.path"] == str(tmp_path / "sft" / "sft.jsonl")
     task = MathTask(path=str(tmp_path / "sft" / "sft.jsonl"), format="gsm8k", answer_field="reference",
                     prompt_template="{question}", heldout_size=2, validation_size=0)
     prompts = task.heldout_prompts() + task.train_prompts(8, __import__("numpy").random.default_rng(0))
