@@ -64,7 +64,7 @@ def run_benchmark(batches: int, rounds: int, metrics: int, root: str | Path) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m replay_pipeline.benchmarks.metrics", description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=40, help="batches per path (default 40)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per batch (default 6: one second of the default run)")
     parser.add_argument("--metrics", type=int, default=95, help="metrics per round (default 95, as the default run)")

@@ -147,7 +147,7 @@ def run_benchmark(tasks: int, repeats: int, gap: float, idle: float, root: str |
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m replay_pipeline.benchmarks.orchestration", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200, help="task runs per side and repeat (default 200)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats; the sides take turns in each (default 3)")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between two task runs (default 0.05)")

@@ -125,7 +125,7 @@ def breakdown(per_round: float, means: dict[str, float]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m replay_pipeline.benchmarks.overhead", description=__doc__.split("\n\n")[0])
     parser.add_argument("--loops", nargs="+", default=["sync", "async"], choices=["sync", "async"])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--root", default=os.environ.get("REPLAY_PIPELINE_ROOT", "runs"))

@@ -94,7 +94,7 @@ def table(arms: dict[str, list[dict[str, float]]], columns: dict[str, str]) -> t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m replay_pipeline.benchmarks.process_end", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved pairs (default 3)")
     parser.add_argument("--steps", type=int, default=4, help="RL steps per run (default 4)")
     parser.add_argument("--root", type=Path, default=None, help="where the runs go (default: a new temp dir)")

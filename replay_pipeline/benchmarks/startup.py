@@ -42,7 +42,7 @@ ARMS = ("as installed", "no bytecode", "full collections")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m replay_pipeline.benchmarks.startup", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the arms (default 3)")
     parser.add_argument("--steps", type=int, default=2, help="RL steps per run (default 2)")
     parser.add_argument("--root", type=Path, required=True,

@@ -107,7 +107,7 @@ def default_policy(root: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m replay_pipeline.benchmarks.threads", description=__doc__.split("\n\n")[0])
     parser.add_argument("--options", type=lambda t: [_option(x) for x in t.split(",")],
                         default=[(1, None), (2, None), (2, "passive")], help="THREADS[:WAIT],... (default 1,2,2:passive)")
     parser.add_argument("--competitors", default="quiet,beside", help="quiet, beside, or both (default)")
