@@ -1,6 +1,6 @@
 #!/bin/sh
 # The project at the exact versions of infra/constraints-cpu.txt, into the active Python
-# environment (a virtual environment: README, "Set-up and run"):
+# environment (a virtual environment: docs/testing.md, "Install"):
 #
 #   sh infra/install.sh        # the package: what `python -m flows.train` needs
 #   sh infra/install.sh dev    # and the test tools ('.[dev]'): what `python -m pytest` needs
@@ -8,17 +8,15 @@
 # Two steps. pip installs torch (the pinned CPU build, from wherever pip is configured to find
 # it) and uv; uv then installs the other ~220 pins, with torch already in place. The result is the
 # same environment as `pip install -c infra/constraints-cpu.txt -e '.[dev]'` (the same versions:
-# tests/unit/test_infra.py checks it in CI), in under 1 min instead of 4 here, because uv resolves,
-# downloads and unpacks in parallel (measured 2026-12-03, 2-core machine, pip's and uv's caches
-# warm: pip 4 min 9 s; pip for torch and uv 47 s, then uv 14 s).
+# tests/unit/test_infra.py checks it in CI), several times faster than pip alone, because uv
+# resolves, downloads and unpacks in parallel (docs/testing.md).
 #
 # Bytecode is compiled here, at install time (uv's --compile-bytecode, then the project's own
 # modules): uv's default leaves it to each module's first import, and where the environment
 # sets PYTHONDONTWRITEBYTECODE=1 (this machine kind does) no import ever writes it, so every
 # process compiled mlflow, sqlalchemy, prefect, transformers, lancedb... from source again:
-# 8 s of a 16-s start-up (py-spy: SourceLoader.source_to_code). Measured 2026-12-04: the
-# start-up to the first round 7.6-8.3 s against 17.7-18.4 s without bytecode (README,
-# "Start-up"); the install takes about 25 s longer.
+# about half of a command's start-up (py-spy: SourceLoader.source_to_code; docs/performance.md).
+# The install takes some 25 s longer for it.
 set -eu
 cd "$(dirname "$0")/.."
 UV_VERSION=0.13.9
