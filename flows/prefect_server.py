@@ -247,7 +247,7 @@ def _no_dead_link(record: logging.LogRecord) -> bool:
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    print(line, file=sys.stderr, flush=True)  # where Prefect's console logs, and its link, go
 
 
 def _watch_parent(parent: int) -> None:

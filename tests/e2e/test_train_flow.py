@@ -66,8 +66,8 @@ def test_no_link_to_a_ui_that_does_not_exist(finished_run):
     both = proc.stdout + proc.stderr
     assert "Beginning flow run" in both  # Prefect's flow-run logger did write to the console
     assert "View at " not in both and "/runs/flow-run/" not in both
-    assert f"PREFECT_HOME={root / '.prefect'} prefect server start" in proc.stdout
-    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in proc.stdout
+    assert f"PREFECT_HOME={root / '.prefect'} prefect server start" in proc.stderr  # stdout stays the run's own
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in proc.stderr
 
 
 def test_every_rollout_is_stored_with_its_provenance(finished_run):
