@@ -66,6 +66,14 @@ def _written(home: Path) -> tuple[int, int]:
     return runs, events
 
 
+def _wait_written(home: Path, tasks: int, seconds: float) -> None:
+    """Until the server that uses `home` has written `tasks` task runs and their 3 events each,
+    or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while _written(home) != (tasks, 3 * tasks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def cpu(server: int) -> tuple[float, float]:
     """CPU seconds (user + system, all threads, children left out) of the live process `server`
     and of this process, so far."""
@@ -113,6 +121,11 @@ def run_side(side: str, tasks: int, gap: float, idle: float, root: Path) -> dict
             EventsWorker.drain_all(timeout=60)  # every event and log line of the flow sent
             APILogWorker.drain_all(timeout=60)
             own = cpu(proc.pid)[1] - own_began - own_idle * (time.monotonic() - began)
+            if not SIDES[side]:
+                # Prefect's defaults write each event as it comes, with no batch that a stop
+                # flushes: wait for the writes to land (the idle rate is subtracted for the wait)
+                # rather than count what a SIGTERM cut short
+                _wait_written(home, tasks, seconds=15.0)
             os.kill(proc.pid, signal.SIGTERM)  # the server writes what its batches hold, and exits
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
