@@ -288,7 +288,7 @@ def render_config() -> str:
     ]
     order = list(dict.fromkeys(f.group for f in fields))
     for group in order:
-        lines.append(f"- [{group}](#{_slug(group)})")
+        lines.append(f"- [{group}](#{slug(group)})")
     lines += ["", "## Presets (config groups)", "",
               "Options of each group are files `conf/<group>/<option>.yaml` that state only what differs from",
               "the schema's defaults; **bold** is the option `conf/config.yaml` selects by default. Your own",
@@ -319,8 +319,9 @@ def render_config() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _slug(heading: str) -> str:
-    """GitHub's anchor for a heading (tests/docs/doccheck.py has the full rules)."""
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading's rendered text, before the suffix a duplicate gets
+    (tests/docs/doccheck.py renders the heading's markup first and numbers duplicates)."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
@@ -448,9 +449,9 @@ def render_cli() -> str:
         "## Contents", "",
         "Flows (`python -m flows.<name>`):", "",
     ]
-    lines += [f"- [{e.module}](#{_slug(e.module)})" for e in flows]
+    lines += [f"- [{e.module}](#{slug(e.module)})" for e in flows]
     lines += ["", "Benchmarks (`python -m replay_pipeline.benchmarks.<name>`; docs/performance.md has their figures):", ""]
-    lines += [f"- [{e.module}](#{_slug(e.module)})" for e in benchmarks]
+    lines += [f"- [{e.module}](#{slug(e.module)})" for e in benchmarks]
     if INTERNAL:
         lines += ["", "Not listed: " + "; ".join(f"`python -m {m}`, {why}" for m, why in INTERNAL.items()) + "."]
     for e in entries:

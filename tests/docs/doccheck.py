@@ -145,9 +145,9 @@ def _plain(heading: str) -> str:
     return text.strip()
 
 
-def slugify(text: str) -> str:
-    """GitHub's anchor for a heading's rendered text (before the duplicate suffix)."""
-    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+#: GitHub's anchor for a heading's rendered text (before the duplicate suffix): the rule the
+#: generated pages' contents links are made with.
+slugify = reference.slug
 
 
 def anchors(text: str) -> list[str]:
