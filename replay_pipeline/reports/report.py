@@ -506,11 +506,14 @@ def crossings(children: Sequence[Child], mu: float, target: float, keys: Sequenc
 def _evidence(per_seed: Mapping[str, Mapping[int, Any]], base: Mapping[str, Mapping[int, Any]],
               curve: pd.DataFrame, n_boot: int) -> dict[str, Any]:
     """Per measure: the per-seed crossings, their median and IQR, the ratio of the median to
-    the baseline's with its seed-bootstrap interval, and the grid's resolution."""
+    the baseline's with its seed-bootstrap interval, and the grid's resolution. The bootstrap
+    resamples the crossings in seed order (the order ``per_seed`` lists them), so that the
+    interval does not depend on the order sweep.json lists the runs (run order, shard order)."""
     out = {}
     for k, seeds in per_seed.items():
-        out[k] = {"per_seed": {str(s): v for s, v in sorted(seeds.items())}, **evidence.spread(list(seeds.values())),
-                  "ratio": evidence.ratio_interval(list(seeds.values()), list(base[k].values()), n_boot=n_boot),
+        ours, theirs = ([v for _, v in sorted(group.items())] for group in (seeds, base[k]))
+        out[k] = {"per_seed": {str(s): v for s, v in sorted(seeds.items())}, **evidence.spread(ours),
+                  "ratio": evidence.ratio_interval(ours, theirs, n_boot=n_boot),
                   "resolution": evidence.resolution(curve[("median", k)].to_numpy())}
     return out
 

@@ -35,7 +35,9 @@ so the pooled histograms are twice test_analysis's; the other children have none
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -45,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from flows import report as report_cli
-from replay_pipeline.reports import report
+from replay_pipeline.reports import evidence, report
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.schema import rows_to_table
 from replay_pipeline.buffer.usage import UsageStore
@@ -173,6 +175,13 @@ def built(store):
     return report.build_report(store["uri"], store["parent"], root=store["root"])
 
 
+@pytest.fixture(scope="module")
+def at_target(store, tmp_path_factory):
+    """The sweep's report at the stated target 0.55, which the baseline's median seed reaches
+    (at the baseline's median peak it does not, and no per-seed ratio exists)."""
+    return report.build_report(store["uri"], store["parent"], target=0.55, out=tmp_path_factory.mktemp("at-target"))
+
+
 def cells(table: str, config: str) -> list[str]:
     row = next(line for line in table.splitlines() if line.startswith(f"| {config} "))
     return [c.strip() for c in row.strip("|").split("|")]
@@ -273,15 +282,15 @@ def test_per_seed_crossings_at_the_baselines_peak(built):
     assert "No ratio: only 2 of the baseline's 4 seeds reach the target 0.600" in glance
 
 
-def test_the_report_opens_with_the_figure_and_the_best_ratio(store, tmp_path):
+def test_the_report_opens_with_the_figure_and_the_best_ratio(at_target):
     """At a stated target the baseline's median seed gets there: the glance names the best
     configuration with its token ratio and interval, under the accuracy-tokens figure."""
-    built = report.build_report(store["uri"], store["parent"], target=0.55, out=tmp_path / "r")
+    built = at_target
     md = built.path.read_text()
     assert md.index("## At a glance") < md.index("## What was swept") < md.index("## Plots")
     glance = md.split("## At a glance", 1)[1].split("## What was swept", 1)[0]
     r = built.summary["best"]["evidence"]["tokens"]["ratio"]
-    assert "(accuracy_vs_tokens.png)" in glance and (tmp_path / "r" / "accuracy_vs_tokens.png").stat().st_size > 1000
+    assert "(accuracy_vs_tokens.png)" in glance and (built.path.parent / "accuracy_vs_tokens.png").stat().st_size > 1000
     assert (f"**replay** reaches the target 0.550 (stated (--target)) with {r['ratio']:.2f} [{r['low']:.2f}, "
             f"{r['high']:.2f}] of the baseline's generated tokens") in glance
     assert "3/4 seeds reach it" in glance or "4/4 seeds reach it" in glance
@@ -300,6 +309,54 @@ def test_per_seed_crossings_at_a_stated_target_give_a_ratio_with_an_interval(sto
     assert r["ratio"] == pytest.approx((315 + 234.6) / 2 / 750)
     assert r["low"] <= r["ratio"] <= r["high"] and (r["level"], r["n_boot"]) == (0.95, 2000)
     assert s["target"]["source"] == "stated (--target)"
+
+
+def ratio_cell(r: dict) -> str:
+    """The per-seed table's "ratio [95% CI]" cell for a ratio_interval result, written out here."""
+    def bound(x: float) -> str:
+        return "inf" if x == math.inf else f"{x:.2f}"
+
+    point = "not reached by the median seed" if r["ratio"] is None else f"{r['ratio']:.2f}"
+    return f"{point} [{bound(r['low'])}, {bound(r['high'])}]"
+
+
+def test_the_written_interval_is_ratio_interval_of_the_listed_crossings(at_target):
+    """End to end: for every configuration and compute measure, the ratio and interval that
+    report.json and report.md's per-seed table give are evidence.ratio_interval (95%, 10,000
+    resamples, seed 0) of the per-seed crossings report.json lists for that configuration and for
+    the baseline, in the order it lists them (an infinite bound is null in report.json, "inf"
+    in report.md). Pins the report's wiring: which crossings go in, on which side, with which
+    level and resamples, and how the bounds are written."""
+    data = json.loads((at_target.path.parent / "report.json").read_text())
+    per_seed_table = at_target.path.read_text().split("## Per-seed crossings", 1)[1].split("\n## ", 1)[0]
+    base = data["configs"][data["baseline"]["config"]]["evidence"]
+    assert set(data["configs"]) == {"no_buffer", "replay", "replay_lr2", "slow"}
+    for name, c in data["configs"].items():
+        row = cells(per_seed_table, name)
+        for i, key in enumerate(("tokens", "seconds", "projected")):
+            written = c["evidence"][key]["ratio"]
+            r = evidence.ratio_interval(list(c["evidence"][key]["per_seed"].values()),
+                                        list(base[key]["per_seed"].values()), n_boot=10_000, seed=0)
+            assert (r["level"], r["n_boot"], r["seed"]) == (0.95, 10_000, 0)
+            assert written == {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in r.items()}
+            assert row[5 + 2 * i] == ratio_cell(r), (name, key)
+    replay = data["configs"]["replay"]["evidence"]["tokens"]["ratio"]  # a bound of each kind is checked
+    assert replay["low"] < replay["ratio"] < replay["high"] < math.inf
+    assert base["tokens"]["ratio"]["high"] is None and "| slow | 2.00 | 0.58 | 0/2 |" in per_seed_table
+
+
+def test_the_interval_does_not_depend_on_the_order_sweep_json_lists_the_runs(store):
+    """The bootstrap draws seed indices, so the interval is a function of the per-seed crossings
+    only if they are resampled in one order: the report resamples them in seed order, the order
+    report.json lists them. The same runs listed the other way round in sweep.json (run in
+    another order, or shards named in another order) give the same intervals."""
+    sweep = report.load(store["uri"], store["parent"])
+    flipped = dataclasses.replace(sweep, children=sweep.children[::-1])
+    ahead, _ = report.summarise(sweep, target=0.55, n_boot=2000)
+    behind, _ = report.summarise(flipped, target=0.55, n_boot=2000)
+    for name in ahead["configs"]:
+        for key in ("tokens", "seconds", "projected"):
+            assert behind["configs"][name]["evidence"][key] == ahead["configs"][name]["evidence"][key], (name, key)
 
 
 def test_markdown_report(built):

@@ -1,9 +1,18 @@
 """replay_pipeline.reports.evidence against hand-worked numbers: interpolated crossings, their spread
-with seeds that never reach, the bootstrap ratio interval, resolution, ties and gamma."""
+with seeds that never reach, the bootstrap ratio interval, resolution, ties and gamma.
+
+The bootstrap interval is checked against the exact bootstrap distribution of tiny seed groups:
+every resample of a group of n seeds (n^n equally likely index tuples) enumerated here, the
+median of each taken with np.median, and the two groups combined as independent draws. The
+function's empirical percentiles from n_boot resamples land on the exact distribution's
+quantile when the quantile level is far (here >= 5 standard errors of an empirical CDF at
+n_boot) from every jump of the exact CDF; `exact_quantile` checks that margin before using it."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -46,6 +55,88 @@ def test_ratio_interval_is_the_median_ratio_with_a_seed_bootstrap_interval():
     assert r["ratio"] == pytest.approx(np.median(config) / np.median(baseline))
     assert r["low"] < r["ratio"] < r["high"] and 0.45 < r["low"] and r["high"] < 0.75
     assert evidence.ratio_interval(config, baseline, n_boot=2000, seed=1) == r  # repeatable under its seed
+
+
+def median_distribution(values):
+    """{median of a resample: probability}, over all len(values)^len(values) index tuples."""
+    n = len(values)
+    counts = Counter(float(np.median([values[i] for i in idx])) for idx in itertools.product(range(n), repeat=n))
+    return {m: c / n ** n for m, c in counts.items()}
+
+
+def ratio_distribution(config, baseline):
+    """The exact bootstrap distribution of median(config resample) / median(baseline resample),
+    the two groups resampled independently: sorted [(ratio, probability)]."""
+    out = Counter()
+    for top, p in median_distribution(config).items():
+        for base, q in median_distribution(baseline).items():
+            out[top / base] += p * q
+    return sorted(out.items())
+
+
+def exact_quantile(dist, q, n_boot):
+    """The smallest ratio whose exact CDF reaches q, after checking that q is at least 5
+    standard errors (of an empirical CDF from n_boot draws) from the CDF's values on either side."""
+    se = math.sqrt(q * (1 - q) / n_boot)
+    below = 0.0
+    for x, p in dist:
+        if below + p >= q:
+            assert q - below > 5 * se and below + p - q > 5 * se, "q is too close to a jump: choose other inputs"
+            return x
+        below += p
+    raise AssertionError("unreachable")
+
+
+def test_ratio_interval_is_the_2_5th_to_97_5th_percentile_hand_worked():
+    """Pins the 95% level: a 50% (or any other) interval fails. Baseline one seed (100): every
+    resample's base is 100. Config seeds 10..50: a resample's median (3rd of 5 draws) is <= the
+    j-th value with P = sum_{i>=3} C(5,i) p^i (1-p)^(5-i), p = j/5: 0.05792, 0.31744, 0.68256,
+    0.94208, 1. So the 2.5th percentile is 10 (0.025 < 0.058) and the 97.5th is 50 (0.975 >
+    0.942): [0.1, 0.5]; the 25th and 75th are 20 and 40: a 50% interval would be [0.2, 0.4]."""
+    config = [10.0, 20.0, 30.0, 40.0, 50.0]
+    assert median_distribution(config) == pytest.approx({10.0: 0.05792, 20.0: 0.25952, 30.0: 0.36512,
+                                                         40.0: 0.25952, 50.0: 0.05792})
+    r = evidence.ratio_interval(config, [100.0], n_boot=4000)
+    assert (r["ratio"], r["low"], r["high"], r["level"]) == (pytest.approx(0.3), pytest.approx(0.1),
+                                                             pytest.approx(0.5), 0.95)
+    half = evidence.ratio_interval(config, [100.0], n_boot=4000, level=0.5)
+    assert (half["low"], half["high"]) == (pytest.approx(0.2), pytest.approx(0.4))
+
+
+def test_ratio_interval_matches_the_exact_bootstrap_distribution_of_both_groups():
+    """Pins the interval to the exact 2.5th and 97.5th percentiles of the bootstrap distribution
+    when both groups vary (config 4 seeds, baseline 3: 256 x 27 resamples enumerated): 4/11 and
+    16/11, where a 50% interval is [2/3, 12/11]; also `level` picks the percentiles. A bootstrap
+    that resamples only one group, or takes other percentiles, gives other bounds."""
+    config, baseline, n_boot = [400.0, 800.0, 1200.0, 1600.0], [1000.0, 1100.0, 1500.0], 20_000
+    dist = ratio_distribution(config, baseline)
+    low, high = (exact_quantile(dist, q, n_boot) for q in (0.025, 0.975))
+    assert (low, high) == (pytest.approx(4 / 11), pytest.approx(16 / 11))  # the exhaustive count, by hand
+    r = evidence.ratio_interval(config, baseline, n_boot=n_boot)
+    assert r["ratio"] == pytest.approx(1000 / 1100)
+    assert (r["low"], r["high"]) == (pytest.approx(low), pytest.approx(high))
+    half = evidence.ratio_interval(config, baseline, n_boot=n_boot, level=0.5)
+    q25, q75 = (exact_quantile(dist, q, n_boot) for q in (0.25, 0.75))
+    assert (q25, q75) == (pytest.approx(2 / 3), pytest.approx(12 / 11))
+    assert (half["low"], half["high"]) == (pytest.approx(q25), pytest.approx(q75))
+
+
+def test_ratio_interval_resamples_the_two_groups_independently():
+    """Pins independent resampling (the two configurations' runs are independent): the config's
+    seeds are exactly twice the baseline's, seed by seed, so drawing the same seed indices for
+    both groups would give the ratio 2 in every resample and the interval [2, 2]. Drawn
+    independently, the exact bootstrap distribution's 2.5th and 97.5th percentiles are
+    200/300 and 600/100: [2/3, 6]."""
+    baseline = [100.0, 200.0, 300.0, 400.0, 500.0]
+    config = [2 * b for b in baseline]
+    n_boot = 20_000
+    dist = ratio_distribution(config, baseline)
+    low, high = (exact_quantile(dist, q, n_boot) for q in (0.025, 0.975))
+    assert (low, high) == (pytest.approx(2 / 3), pytest.approx(6.0))
+    r = evidence.ratio_interval(config, baseline, n_boot=n_boot)
+    assert r["ratio"] == pytest.approx(2.0)
+    assert (r["low"], r["high"]) == (pytest.approx(low), pytest.approx(high))
+    assert r["high"] - r["low"] > 5
 
 
 def test_ratio_interval_with_seeds_that_never_reach():
