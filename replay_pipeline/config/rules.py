@@ -24,6 +24,7 @@ from replay_pipeline.algo.reuse import RULES
 from replay_pipeline.tasks import CUSTOM, TASKS, unused_task_fields
 from replay_pipeline.tasks.answers import FALLBACKS
 from replay_pipeline.tasks.math import FORMATS
+from replay_pipeline.tasks.reasoning_gym import dataset_names
 
 DASK_INSTALL = "pip install 'dask[distributed]' (CPU machines: pip install -c infra/constraints-cpu.txt 'dask[distributed]')"
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -159,6 +160,9 @@ def validate(cfg: DictConfig | Config) -> None:
     if model.path is None and model.name != "tiny":
         problems.append(f"model={model.name} needs a checkpoint: set model.path=/path/to/hf/checkpoint "
                         "(a directory written by save_pretrained), or use model=tiny")
+    need(not (gen.system_prompt and not gen.chat_template),
+         "generator.system_prompt is set but generator.chat_template=false: a system message goes through the "
+         "chat template; set generator.chat_template=true (an instruct model) or drop generator.system_prompt")
     need(not (gen.chat_template and model.path is None),
          "generator.chat_template=true needs a Hugging Face model whose tokenizer has a chat template: add "
          "model=hf model.path=/path/to/checkpoint (the built-in model's tokenizer has none)")
@@ -292,6 +296,13 @@ def _task_problems(task: Any) -> list[str]:
         problems.append("task.name=custom needs its factory: task.target=package.module:factory (on PYTHONPATH) "
                         "or task.target=/path/to/file.py:factory; replay_pipeline/tasks/template.py is an "
                         "example to copy")
+    if task.name == "reasoning_gym":
+        if not dataset_names(task.dataset):
+            problems.append("task.name=reasoning_gym needs a dataset: task.dataset=NAME (e.g. chain_sum; several "
+                            "joined by commas are mixed), e.g. python -m flows.train model=smollm2 task=reasoning_gym "
+                            "task.dataset=chain_sum")
+        if task.answer_fallback not in FALLBACKS:
+            problems.append(f"task.answer_fallback={task.answer_fallback!r} must be null or last_number")
     if task.name != "math":
         return problems
     if task.path is None or not str(task.path).strip():
@@ -333,3 +344,30 @@ def buffer_storage_problems(buf: Any) -> list[str]:
                             f"not {type(value).__name__}: the options are flat, e.g. "
                             "buffer.storage_options={aws_endpoint:'http://127.0.0.1:9000',allow_http:true}")
     return problems
+
+
+#: An evaluation generating more completions than this with a pretrained model is worth a word.
+LARGE_EVALUATION = 2048
+
+
+def toy_default_warnings(cfg: Any) -> list[str]:
+    """Defaults sized for the built-in model and addition task that a pretrained model
+    (model.path set) would inherit without a word: the 6-token completion cap, which cuts a
+    sentence off, and a sampled evaluation of thousands of completions before the first step.
+    Warnings, not errors: a run may mean them."""
+    if cfg.model.path is None:
+        return []
+    out = []
+    if cfg.generator.max_new_tokens == GeneratorConfig().max_new_tokens:
+        out.append(f"generator.max_new_tokens={cfg.generator.max_new_tokens} is the built-in addition task's "
+                   "default: a pretrained model that answers in a sentence is cut off (finish_reason=length, "
+                   "reward 0). Set generator.max_new_tokens for the task (experiment=smollm2_chain_sum uses 48)")
+    loop = cfg.loop
+    total = cfg.task.heldout_size * (1 + (loop.pass1_samples + loop.eval_samples if loop.passk_every > 0 else 0))
+    if total > LARGE_EVALUATION:
+        out.append(f"every evaluation generates {total} completions (task.heldout_size={cfg.task.heldout_size}"
+                   + (f" x (1 greedy + loop.pass1_samples={loop.pass1_samples} + loop.eval_samples="
+                      f"{loop.eval_samples})" if loop.passk_every > 0 else "")
+                   + "), sized for the built-in model: with a pretrained model on a CPU that is many minutes "
+                   "before the first step. Lower task.heldout_size, or loop.passk_every=0 for greedy accuracy only")
+    return out

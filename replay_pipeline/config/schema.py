@@ -130,8 +130,20 @@ class TaskConfig:
     """Math task: at most this many training problems (None: all left after held-out and
     validation)."""
     answer_fallback: Optional[str] = None
-    """Math task: `last_number` scores the completion's last number when it gives no "####" or
+    """Math and reasoning_gym tasks: `last_number` scores the completion's last number when it gives no "####" or
     \\boxed{} answer (lenient); None: an explicit final answer is required."""
+    # reasoning-gym datasets (task.name=reasoning_gym, preset task=reasoning_gym;
+    # replay_pipeline/tasks/reasoning_gym.py).
+    dataset: Optional[str] = None
+    """reasoning_gym task, required: a reasoning-gym dataset name (`chain_sum`, `products`,
+    `basic_arithmetic`, ...), or several joined by commas, mixed (its `composite` dataset)."""
+    config: Dict[str, Any] = field(default_factory=dict)
+    """reasoning_gym task: the dataset's settings, its config dataclass's fields
+    (+task.config.max_digits=2); with several datasets one mapping each
+    (+task.config.chain_sum.max_terms=2)."""
+    weights: Dict[str, float] = field(default_factory=dict)
+    """reasoning_gym task: a mixture's weight by dataset name (+task.weights.products=2;
+    1 each by default)."""
     score_truncated: bool = True
     """Math task: completions cut by generator.max_new_tokens still score when their final
     answer is complete; false: only completions that emitted the end token score."""
@@ -149,6 +161,10 @@ class GeneratorConfig:
     special tokens replace the tokenizer's BOS. The rollouts' `prompt` column keeps the task's
     text, `prompt_ids` what the model saw. Needs model.path with a tokenizer that has a chat
     template (checked before the run starts)."""
+    system_prompt: Optional[str] = None
+    """With chat_template: a system message before each prompt (reasoning-gym's examples ask
+    for <answer> tags there); None: the template's own (SmolLM2's names the assistant). Part
+    of what the model sees, so of `prompt_ids`."""
     temperature: float = bounded(1.0, gt=0)
     """Sampling temperature for training rollouts. Behaviour log-probs are those of
     softmax(logits / temperature), and the learner uses the same temperature."""
@@ -340,10 +356,12 @@ class LoopConfig:
     eval_every: int = bounded(25, ge=0, integer=True, hint="0: only first and last")
     """Held-out evaluation every this many steps (and always before the first and after the
     last); 0 evaluates only before and after."""
-    passk_every: int = bounded(100, ge=0, integer=True, hint="0: only first and last")
+    passk_every: int = bounded(100, ge=0, integer=True, hint="0: never")
     """Sampled evaluation (pass@k for k up to eval_samples at temperature 1, pass@1 at
     temperature 0.1, sample entropy and length) every this many steps, and before the first
-    and after the last; 0: only before and after."""
+    and after the last; 0: never (greedy accuracy only). It generates heldout_size x
+    (pass1_samples + eval_samples) completions: sized for the built-in model, far more than a
+    pretrained model's first steps on a CPU."""
     eval_samples: int = bounded(16, ge=1, integer=True)
     """Completions per held-out prompt for pass@k (k = 1, 2, 4, ... up to this)."""
     eval_top_p: float = bounded(0.95, gt=0, le=1)

@@ -29,19 +29,22 @@ def call_settings(gen, temperature: float | None, top_p: float | None,
     return temperature, top_p, max_new
 
 
-def encode_prompts(tokenizer, prompts: Sequence[str], chat_template: bool = False) -> list[list[int]]:
+def encode_prompts(tokenizer, prompts: Sequence[str], chat_template: bool = False,
+                   system_prompt: str | None = None) -> list[list[int]]:
     """The token ids a backend feeds the model for each prompt: the text with the tokenizer's
     special tokens (its BOS), or with `chat_template` the prompt as one user message through
     the tokenizer's chat template with the assistant's turn opened (the template writes its
-    own special tokens, so none are added again). The stored `prompt` column keeps the task's
-    text; `prompt_ids` hold what the model saw."""
+    own special tokens, so none are added again), after `system_prompt` as a system message
+    when given. The stored `prompt` column keeps the task's text; `prompt_ids` hold what the
+    model saw."""
     if not chat_template:
         return [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("generator.chat_template=true, but the tokenizer has no chat template; use a model "
                          "directory whose tokenizer_config.json (or chat_template.jinja) holds one, or set "
                          "generator.chat_template=false")
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    texts = [tokenizer.apply_chat_template([*system, {"role": "user", "content": p}], add_generation_prompt=True,
                                            tokenize=False) for p in prompts]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 

@@ -44,7 +44,7 @@ from replay_pipeline.generation.base import Sample, call_settings, check_positio
 class TransformersGenerator:
     def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 6, batch_size: int = 256, copy_model: bool = True,
-                 chat_template: bool = False):
+                 chat_template: bool = False, system_prompt: str | None = None):
         self.model = copy.deepcopy(model) if copy_model else model
         self.model.eval()
         for p in self.model.parameters():
@@ -55,6 +55,7 @@ class TransformersGenerator:
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
         self.chat_template = chat_template
+        self.system_prompt = system_prompt
         self.policy_version = 0
         self.shares_weights = False
         self.eos_id = tokenizer.eos_token_id
@@ -67,7 +68,8 @@ class TransformersGenerator:
         """A generator with the sampling settings of a config's `generator` section."""
         return cls(model, tokenizer, temperature=gen_cfg.temperature, top_p=gen_cfg.top_p,
                    max_new_tokens=gen_cfg.max_new_tokens, batch_size=gen_cfg.batch_size,
-                   copy_model=copy_model, chat_template=bool(getattr(gen_cfg, "chat_template", False)))
+                   copy_model=copy_model, chat_template=bool(getattr(gen_cfg, "chat_template", False)),
+                   system_prompt=getattr(gen_cfg, "system_prompt", None))
 
     @property
     def device(self) -> torch.device:
@@ -105,7 +107,7 @@ class TransformersGenerator:
                  max_new_tokens: int | None = None) -> list[list[Sample]]:
         """`n` completions of every prompt; result[i][j] is sample j of prompt i."""
         temperature, top_p, max_new = call_settings(self, temperature, top_p, max_new_tokens)
-        encoded = encode_prompts(self.tokenizer, prompts, self.chat_template)
+        encoded = encode_prompts(self.tokenizer, prompts, self.chat_template, self.system_prompt)
         self._check_positions(prompts, encoded, max_new)
         rows = [ids for ids in encoded for _ in range(n)]  # group-major: prompt i's samples adjacent
         if max_new == 0:  # nothing to sample; generate() would still run a forward pass

@@ -224,9 +224,10 @@ class VLLMGenerator:
     def __init__(self, engine, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 6, batch_size: int = 256, max_positions: int | None = None,
                  scorer=None, sleep_mode: bool = False, sampling_params_cls=None,
-                 prefix_caching: bool = True, chat_template: bool = False):
+                 prefix_caching: bool = True, chat_template: bool = False, system_prompt: str | None = None):
         self.engine = engine
         self.chat_template = chat_template
+        self.system_prompt = system_prompt
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
@@ -284,7 +285,8 @@ class VLLMGenerator:
                    max_positions=_max_positions(path, getattr(gen_cfg, "max_model_len", None)),
                    scorer=scorer, sleep_mode=bool(getattr(gen_cfg, "enable_sleep_mode", False)),
                    sampling_params_cls=vllm.SamplingParams, prefix_caching=prefix_caching,
-                   chat_template=bool(getattr(gen_cfg, "chat_template", False)))
+                   chat_template=bool(getattr(gen_cfg, "chat_template", False)),
+                   system_prompt=getattr(gen_cfg, "system_prompt", None))
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -315,7 +317,7 @@ class VLLMGenerator:
             raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for argmax decoding)")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p={top_p} must be in (0, 1]")
-        encoded = encode_prompts(self.tokenizer, prompts, self.chat_template)
+        encoded = encode_prompts(self.tokenizer, prompts, self.chat_template, self.system_prompt)
         self._check_positions(prompts, encoded, max_new)
         if n <= 0 or not encoded:
             return [[] for _ in encoded]

@@ -23,10 +23,12 @@ from replay_pipeline.buffer.store import META_COLUMNS
 from replay_pipeline.buffer.tables import RunTables
 from replay_pipeline.algo.compute import ComputeLedger
 from replay_pipeline.config import TASK_DEFAULTS, flatten
+from replay_pipeline.config.rules import toy_default_warnings
 from replay_pipeline.generation import build_generator
 from replay_pipeline.training.learner import Learner
 from replay_pipeline.system.lease import acquire
 from replay_pipeline.models.device import auto_threads, resolve_device
+from replay_pipeline.models.packaged import ensure_prepared
 from replay_pipeline.models.policy import load_policy
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import LEARN_COLUMNS, quiet_transformers, reward_terms
@@ -57,6 +59,9 @@ def build_run(cfg: DictConfig, log: Callable[[str], Any] = print,
               tracker: MlflowTracker | NullTracker | None = None) -> TrainingRun:
     """A run ready for its first round (see the module docstring)."""
     preflight(cfg)
+    for line in toy_default_warnings(cfg):
+        log(f"warning: {line}")
+    ensure_prepared(cfg.model, log)  # a packaged model's directory, made once (models/packaged.py)
     if cfg.task.get("target") or cfg.reward.terms:  # file targets recorded absolute: workers elsewhere,
         cfg = cfg.copy()                              # a resume from elsewhere
         if cfg.task.get("target"):

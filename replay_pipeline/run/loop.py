@@ -77,7 +77,7 @@ def due(every: int, done: int, total: int) -> bool:
 
 def extras_due(loop: Any, done: int) -> tuple[bool, bool, bool]:
     """After `done` rounds: (evaluate, sampled evaluation, checkpoint) due."""
-    sampled = due(loop.passk_every, done, loop.steps)
+    sampled = loop.passk_every > 0 and due(loop.passk_every, done, loop.steps)
     return (sampled or due(loop.eval_every, done, loop.steps), sampled,
             due(loop.checkpoint_every, done, loop.steps))
 
@@ -127,10 +127,23 @@ def evaluations_due(loop: Any, first: int, last: int, version: int) -> list[Eval
 def evaluate_start(run: TrainingRun, evaluate: Callable[[int, bool], dict] | None = None) -> None:
     """The starting policy's evaluation (greedy and sampled), for a run at step 0."""
     if run.start_step == 0:
+        loop, sampled = run.settings.loop, run.settings.loop.passk_every > 0
+        print(f"evaluating the starting policy: {evaluation_size(loop, len(run.heldout), sampled)}", flush=True)
         began = time.perf_counter()
-        metrics = (evaluate or run.evaluate)(0, True)
+        metrics = (evaluate or run.evaluate)(0, sampled)
         run.accounting.start_eval_seconds += time.perf_counter() - began
+        print(f"starting evaluation done in {time.perf_counter() - began:.0f} s", flush=True)
         _log_evaluation(run, 0, metrics)
+
+
+def evaluation_size(loop: Any, prompts: int, sampled: bool) -> str:
+    """What an evaluation generates, in words: greedy on the held-out prompts, and with
+    `sampled` loop.pass1_samples and loop.eval_samples completions of each."""
+    if not sampled:
+        return f"greedy on {prompts} held-out prompts ({prompts} completions; loop.passk_every=0: no pass@k)"
+    total = prompts * (1 + loop.pass1_samples + loop.eval_samples)
+    return (f"greedy, pass@1 ({loop.pass1_samples} a prompt) and pass@k ({loop.eval_samples} a prompt) on {prompts} "
+            f"held-out prompts ({total} completions; fewer: task.heldout_size, loop.eval_samples, loop.passk_every=0)")
 
 
 def _log_evaluation(run: TrainingRun, done: int, metrics: Any) -> None:

@@ -6,7 +6,8 @@ override that fixes it (flows.train turns it into exit code 2 before Prefect sta
 deployed run fails in its first task, before any model is built):
 
 - the run root can be written (`tracking.root_dir`);
-- `model.path` is a Hugging Face checkpoint directory with weights and a tokenizer that loads
+- `model.path` is a Hugging Face checkpoint directory, or a packaged model's (model.name
+  `smollm2-135m-instruct`) still to be prepared there, whose package is installed with weights and a tokenizer that loads
   and fits the model's vocabulary (with generator.chat_template, one that has a template); the math
   task's data files exist and read (fields, UTF-8, enough rows); a custom task's target
   and every reward term's function (reward.terms) import;
@@ -46,6 +47,7 @@ from replay_pipeline.config import DASK_INSTALL, TASK_DEFAULTS, ConfigError
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.system.lease import LeaseHeld, holder
 from replay_pipeline.models.device import device_problem
+from replay_pipeline.models.packaged import PACKAGED, is_prepared, packaged_problems
 from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.lineage import check_resume_tables, start_point
 from replay_pipeline.system.runs import RunPaths, ensure_writable
@@ -79,6 +81,8 @@ def preflight(cfg: Any) -> None:
 def _model_problems(model: Any) -> list[str]:
     if model.path is None:
         return []
+    if _to_prepare(model):  # a packaged model the run prepares first (models/packaged.py)
+        return packaged_problems(str(model.name))
     path = Path(os.path.expanduser(str(model.path)))
     if not path.is_dir():
         return [f"model.path={model.path} is not a directory; point it at a Hugging Face "
@@ -123,7 +127,7 @@ def _vocabulary_problems(shown: Any, path: Path) -> list[str]:
 def _chat_template_problems(cfg: Any) -> list[str]:
     """generator.chat_template=true: the model directory's tokenizer has a chat template (in
     tokenizer_config.json, or a chat_template.jinja / chat_template.json beside it)."""
-    if not getattr(cfg.generator, "chat_template", False) or cfg.model.path is None:
+    if not getattr(cfg.generator, "chat_template", False) or cfg.model.path is None or _to_prepare(cfg.model):
         return []
     path = Path(os.path.expanduser(str(cfg.model.path)))
     if any((path / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
@@ -138,6 +142,12 @@ def _chat_template_problems(cfg: Any) -> list[str]:
             "(none in tokenizer_config.json, no chat_template.jinja); use an instruction-tuned model's "
             "directory, save one with tokenizer.chat_template = ...; tokenizer.save_pretrained(dir), or set "
             "generator.chat_template=false"]
+
+
+def _to_prepare(model: Any) -> bool:
+    """Whether model.path is a packaged model's directory not prepared yet: the run makes it
+    (build_run, ensure_prepared) after these checks, which then only ask whether it can."""
+    return str(model.name) in PACKAGED and not is_prepared(os.path.expanduser(str(model.path)))
 
 
 #: Files of which a Hugging Face tokenizer directory holds at least one.
@@ -230,8 +240,8 @@ def _task_problems(task: Any) -> list[str]:
             load_target(task.target)
         except ValueError as exc:
             problems.append(str(exc))
-    if task.name == "math" and not problems:
-        try:  # its data read now: a missing field, bytes that are not UTF-8, too few rows
+    if task.name in ("math", "reasoning_gym") and not problems:
+        try:  # its data read (math) or its datasets and settings checked (reasoning_gym) now
             task_from_config(OmegaConf.to_container(task, resolve=True), TASK_DEFAULTS)
         except ValueError as exc:
             problems.append(str(exc))

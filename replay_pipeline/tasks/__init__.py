@@ -18,8 +18,9 @@ from replay_pipeline.tasks.addition import AdditionTask
 from replay_pipeline.tasks.base import Prompt, Task
 from replay_pipeline.tasks.custom import COMMON, build_custom_task
 from replay_pipeline.tasks.math import MathTask
+from replay_pipeline.tasks.reasoning_gym import ReasoningGymTask
 
-TASKS: dict[str, type] = {"addition": AdditionTask, "math": MathTask}
+TASKS: dict[str, type] = {"addition": AdditionTask, "math": MathTask, "reasoning_gym": ReasoningGymTask}
 #: task.name of your own task from task.target (replay_pipeline/tasks/custom.py).
 CUSTOM = "custom"
 #: The fields of the task section a custom task reads.
@@ -72,5 +73,5 @@ def unused_task_fields(name: str, fields: Mapping[str, Any], defaults: Mapping[s
                   if k != "name" and k in defaults and k not in accepted and v != defaults[k])
 
 
-__all__ = ["CUSTOM", "CUSTOM_FIELDS", "TASKS", "AdditionTask", "MathTask", "Prompt", "Task", "constructor_args", "make_task",
+__all__ = ["CUSTOM", "CUSTOM_FIELDS", "TASKS", "AdditionTask", "MathTask", "Prompt", "ReasoningGymTask", "Task", "constructor_args", "make_task",
            "task_from_config", "unused_task_fields"]

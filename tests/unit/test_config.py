@@ -11,7 +11,8 @@ from replay_pipeline.config import CONF_DIR, ConfigError, load_config
 #: with what it needs in its own tests (test_math_task.py, test_vllm_backend.py).
 NEEDS = {("model", "hf"): "model.path", ("task", "gsm8k"): "task.path", ("task", "math"): "task.path", ("task", "custom"): "task.target",
          ("generator", "vllm"): "vllm", ("experiment", "qwen3_0p6b"): "model.path",
-         ("experiment", "qwen3_0p6b_no_buffer"): "model.path"}
+         ("experiment", "qwen3_0p6b_no_buffer"): "model.path", ("task", "reasoning_gym"): "task.dataset=NAME",
+         ("task", "chain_sum"): "needs a Hugging Face model"}
 GROUP_OPTIONS = [(g.name, f.stem) for g in sorted(CONF_DIR.iterdir()) if g.is_dir()
                  for f in sorted(g.glob("*.yaml"))]
 
