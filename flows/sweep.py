@@ -54,9 +54,11 @@ The same flow is the `sweep` deployment (flows/deploy.py): its parameters are `c
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -324,6 +326,26 @@ GRIDS: dict[str, Grid] = {
                    "configs_tried": len(_DEFAULT.configs), "variants_tried": 15},
         about="the on-policy baseline against the best buffer configuration, 3 held-out seeds, 60 steps: "
               "a look in about 15 minutes, not a result"),
+    # A real pretrained model (issue 46): SmolLM2-135M-Instruct on reasoning-gym's chain_sum,
+    # experiment=smollm2_chain_sum's model, task, sampling and evaluation (a test keeps them
+    # equal), the on-policy baseline against the toy's confirmed winner and, where time allows,
+    # its on-policy control at the same size. Chosen on the toy (the default grid's seeds 0-3;
+    # the learning rate and temperature on seed 0 of this model), so seeds 10-12 confirm. 40
+    # baseline steps (2,560 rollouts); a checkpoint every 10 steps, one kept (1.5 GB a run), so
+    # a sweep stopped by a session's end continues (--continue) where each child was.
+    "smollm2": Grid(
+        configs={name: _DEFAULT.configs[name] for name in ("no_buffer", "posbias_prio256_r32_b32", "no_buffer_r32")},
+        seeds=_CONFIRMATION[:3],
+        overrides=["model=smollm2", "task=chain_sum", "generator.temperature=0.5", "algo.lr=2e-5", "algo.micro_batch_size=16",
+                   "loop.eval_samples=8", "loop.pass1_samples=2", "loop.steps=40", "loop.eval_every=5",
+                   "loop.passk_every=40", "loop.checkpoint_every=10", "loop.keep_checkpoints=1",
+                   "tracking.progress=false"],
+        lr_factors=[],
+        selection={"seeds": [0, 1, 2, 3], "chosen_on": "the default grid (GRIDS['default']), seeds 0-3, on the toy; "
+                   "this model's temperature and learning rate on seed 0", "configs_tried": len(_DEFAULT.configs),
+                   "variants_tried": 15},
+        about="SmolLM2-135M-Instruct on reasoning-gym chain_sum: the on-policy baseline against the toy's winner "
+              "and its on-policy control, seeds 10-12, 40 baseline steps"),
 }
 
 
@@ -486,7 +508,10 @@ def lr_variants(config: str, extra: list[str], overrides: list[str], factors: li
     return {f"{config}-lrx{f:g}".replace(".", "p"): [*extra, f"algo.lr={lr * f:.6g}"] for f in factors}
 
 
-def _run_children(children: list[Child], parent, results: list[dict[str, Any]]) -> None:
+def _run_children(children: list[Child], parent, results: list[dict[str, Any]], root: str | None = None) -> None:
+    """Train each child, recording its outcome. With `root` (a continued sweep): a child whose
+    run is there and finished is not trained again (its summary is read back), one that was
+    stopped part-way is resumed from its newest checkpoint (bit for bit), the rest start."""
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.train import train
 
@@ -494,7 +519,15 @@ def _run_children(children: list[Child], parent, results: list[dict[str, Any]]) 
         record: dict[str, Any] = {"config": child.config, "seed": child.seed, "run_id": child.run_id,
                                   "overrides": child.overrides}
         try:
-            summary = train(child.overrides + [f"tracking.parent_run_id={parent.run_id}"])
+            state = _child_state(root, child.run_id) if root is not None else None
+            if state == "finished":
+                summary = _finished_summary(root, child.run_id)
+                record["continued"] = "already finished"
+            elif state == "resume":
+                summary = train([f"resume={child.run_id}", f"tracking.root_dir={root}"])
+                record["continued"] = "resumed"
+            else:
+                summary = train(child.overrides + [f"tracking.parent_run_id={parent.run_id}"])
             record |= {"status": "FINISHED", "mlflow_run_id": summary.get("mlflow_run_id"),
                        **{k: summary.get(k) for k in ("accuracy_before", "accuracy_after", "accuracy_best",
                                                       "gen_tokens", "gen_seconds", "train_seconds")}}
@@ -505,6 +538,66 @@ def _run_children(children: list[Child], parent, results: list[dict[str, Any]]) 
             record |= {"status": "FAILED", "error": f"{type(exc).__name__}: {exc}"}
         results.append(record)
         parent.log_metrics({"sweep/children_done": float(len(results))}, step=len(results) - 1)
+
+
+def _child_state(root: str, run_id: str) -> str | None:
+    """What a continued sweep does with child `run_id`: "finished" (ended with every planned
+    step), "resume" (it exists and was stopped, crashed or failed part-way), None (not there)."""
+    from replay_pipeline.run.lineage import run_status  # start-up cost: the library, as above
+
+    if not (RunPaths.make(root, run_id).run_dir / "config.yaml").is_file():
+        return None
+    state = run_status(root, run_id)
+    if state.get("status") == "running":
+        raise RuntimeError(f"child {run_id} is running in another process ({state.get('holder')}); "
+                           "stop that process first, or wait for it")
+    done, planned = state.get("steps_done"), state.get("steps_planned")
+    if state.get("status") == "finished" and done is not None and planned is not None and done >= planned:
+        return "finished"
+    return "resume"
+
+
+def _finished_summary(root: str, run_id: str) -> dict[str, Any]:
+    """The summary a finished child logged (its MLflow run's summary.json)."""
+    from mlflow.tracking import MlflowClient  # start-up cost: mlflow, only when continuing
+
+    from replay_pipeline.run.lineage import read_run_info  # start-up cost: the library, as above
+
+    info = read_run_info(root, run_id)
+    client = MlflowClient(tracking_uri=info["mlflow_uri"])
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(open(client.download_artifacts(info["mlflow_run_id"], "summary.json", tmp)).read())
+
+
+def continued_parent(overrides: list[str], name: str, sweep_id: str, configs: dict[str, list[str]],
+                     seeds: list[int]) -> tuple[str, str]:
+    """(MLflow URI, run id) of the parent run of sweep `name-sweep_id` under the configured
+    root; ConfigError when there is none, or when its configurations, seeds or shared overrides
+    differ from these (a continuation runs the same sweep)."""
+    if not _NAME.fullmatch(str(sweep_id)):
+        raise ConfigError(f"--continue {sweep_id!r}: a sweep id is the letters and digits after the sweep's name "
+                          "(sweep-3f9a1c: 3f9a1c), as the sweep printed when it started")
+    cfg = resolve_config(overrides)
+    uri = cfg.tracking.mlflow_uri or RunPaths.make(cfg.tracking.root_dir, f"{name}-{sweep_id}").mlflow_uri
+    from mlflow.tracking import MlflowClient  # start-up cost: mlflow, only when continuing
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    found = [] if experiment is None else client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`replay_pipeline.sweep_id` = '{sweep_id}'")
+    found = [r for r in found if r.data.tags.get("replay_pipeline.sweep") == name]
+    if not found:
+        raise ConfigError(f"no sweep {name}-{sweep_id} under tracking.root_dir={cfg.tracking.root_dir} (MLflow {uri}); "
+                          "give the same --name, tracking.root_dir and sweep id the sweep printed when it started")
+    params = found[0].data.params
+    expected = {"sweep.seeds": str(seeds), "sweep.overrides": " ".join(overrides),
+                **{f"sweep.config.{k}": " ".join(v) for k, v in configs.items()}}
+    given = {k: v for k, v in params.items() if k.startswith("sweep.") and k != "sweep.name"}
+    if given != expected:
+        differ = sorted(k for k in set(given) | set(expected) if given.get(k) != expected.get(k))
+        raise ConfigError(f"sweep {name}-{sweep_id} ran other settings ({', '.join(differ)} differ): continue it "
+                          "with the grid, configurations, seeds and overrides it started with")
+    return uri, found[0].info.run_id
 
 
 def _best(parent, record: dict[str, Any], baseline: str, log) -> str | None:
@@ -525,7 +618,8 @@ def _best(parent, record: dict[str, Any], baseline: str, log) -> str | None:
 def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None = None,
           overrides: list[str] | None = None, name: str = "sweep", grid: str | None = None,
           lr_factors: list[float] | None = None, baseline: str = DEFAULT_BASELINE, report: bool = True,
-          mu: float = 5.28, lr_seeds: int | None = None, selection_seeds: list[int] | None = None) -> dict[str, Any]:
+          mu: float = 5.28, lr_seeds: int | None = None, selection_seeds: list[int] | None = None,
+          continue_id: str | None = None) -> dict[str, Any]:
     """Train every configuration (name -> Hydra overrides) with every seed, as child runs;
     `overrides` apply to all of them. Without `configs`, the grid `grid` (default "default").
 
@@ -533,23 +627,36 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
     baseline and the best buffer configuration of stage 1 (replay_pipeline.reports.report.best_config)
     at their learning rate times each factor, as
     configurations of the same family (the report draws each family's Pareto frontier). Then
-    the report (replay_pipeline.reports.report: plots, report.md) on the parent run."""
+    the report (replay_pipeline.reports.report: plots, report.md) on the parent run.
+
+    `continue_id`: the id of a sweep that was stopped (its process killed, a session ended),
+    given with the same settings: its parent run is attached again, finished children are kept,
+    stopped ones resume bit for bit from their newest checkpoint, the rest start."""
     if lr_seeds is None and (grid is not None or configs is None):
         lr_seeds = GRIDS[grid or "default"].lr_seeds
     given = configs is not None
     configs, seeds, overrides, factors = settle(grid, configs, seeds, overrides, lr_factors)
     held_out = protocol(seeds, selection_seeds, grid, given)
     configs = equal_budget(configs, overrides, baseline)
-    sweep_id = uuid.uuid4().hex[:6]
+    sweep_id = continue_id or uuid.uuid4().hex[:6]
     children = plan(configs, seeds, overrides, name, sweep_id)
     if factors and baseline in configs:  # the baseline's variants are known now: validate them too
         plan(lr_variants(baseline, configs[baseline], overrides, factors), seeds, overrides, name, sweep_id)
-    parent = _parent_tracker(overrides, name, sweep_id, configs, seeds)
+    if continue_id:
+        # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
+        from replay_pipeline.tracking.tracker import MlflowTracker
+
+        parent = MlflowTracker.attach(*continued_parent(overrides, name, sweep_id, configs, seeds))
+    else:
+        parent = _parent_tracker(overrides, name, sweep_id, configs, seeds)
+        print(f"sweep {name}-{sweep_id}: if it is stopped, continue it with the same arguments and "
+              f"--continue {sweep_id}", flush=True)
+    root = resolve_config(overrides).tracking.root_dir if continue_id else None
     results: list[dict[str, Any]] = []
     families = {c: c for c in configs}
     out = {"name": name, "sweep_id": sweep_id, "mlflow_run_id": parent.run_id, "baseline": baseline,
            "families": families, "lr_factors": factors, "protocol": held_out, "children": results}
-    _run_children(children, parent, results)
+    _run_children(children, parent, results, root)
     if factors and baseline in configs:
         best = _best(parent, out, baseline, print)
         stage2: dict[str, list[str]] = {}
@@ -558,7 +665,7 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
             stage2 |= variants
             families |= {v: config for v in variants}
         out["best_stage1"] = best
-        _run_children(plan(stage2, seeds[:lr_seeds or len(seeds)], overrides, name, sweep_id), parent, results)
+        _run_children(plan(stage2, seeds[:lr_seeds or len(seeds)], overrides, name, sweep_id), parent, results, root)
     failed = [r for r in results if r["status"] != "FINISHED"]
     parent.log_dict(out, "sweep.json")
     if report and baseline in configs:
@@ -629,6 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mu", type=float, default=5.28, help="mu of the report's projected compute")
     parser.add_argument("--no-report", action="store_true", help="do not build the report at the end")
     parser.add_argument("--name", default="sweep")
+    parser.add_argument("--continue", dest="continue_id", default=None, metavar="SWEEP_ID",
+                        help="continue the stopped sweep NAME-SWEEP_ID (same arguments otherwise): finished children "
+                             "are kept, stopped ones resume from their newest checkpoint, the rest start")
     parser.add_argument("--config-dir", action="append", default=None, metavar="DIR",
                         help="a directory of your own presets (DIR/<group>/<option>.yaml), for every child (repeat)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every child (loop.steps=100 ...)")
@@ -649,12 +759,15 @@ def main(argv: list[str] | None = None) -> int:
             plan(lr_variants(args.baseline, configs[args.baseline], overrides, factors), seeds, overrides,
                  args.name, "check")
         ensure_writable(resolve_config(overrides).tracking.root_dir)
+        if args.continue_id is not None:  # the sweep to continue exists and ran these settings
+            continued_parent(overrides, args.name, args.continue_id, configs, seeds)
     except (ConfigError, PermissionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = sweep(configs=dict(args.config) if args.config else None, seeds=args.seeds, overrides=args.overrides,
                 name=args.name, grid=args.grid, lr_factors=args.lr_factors, baseline=args.baseline,
-                report=not args.no_report, mu=args.mu, selection_seeds=args.selection_seeds)
+                report=not args.no_report, mu=args.mu, selection_seeds=args.selection_seeds,
+                continue_id=args.continue_id)
     for r in out["children"]:
         print(f"{r['run_id']:<48} {r['status']:<9} held-out accuracy {r.get('accuracy_after')}")
     print(f"MLflow parent run {out['mlflow_run_id']}")

@@ -361,7 +361,7 @@ def toy_default_warnings(cfg: Any) -> list[str]:
     if cfg.generator.max_new_tokens == GeneratorConfig().max_new_tokens:
         out.append(f"generator.max_new_tokens={cfg.generator.max_new_tokens} is the built-in addition task's "
                    "default: a pretrained model that answers in a sentence is cut off (finish_reason=length, "
-                   "reward 0). Set generator.max_new_tokens for the task (experiment=smollm2_chain_sum uses 48)")
+                   "reward 0). Set generator.max_new_tokens for the task (experiment=smollm2_chain_sum uses 32)")
     loop = cfg.loop
     total = cfg.task.heldout_size * (1 + (loop.pass1_samples + loop.eval_samples if loop.passk_every > 0 else 0))
     if total > LARGE_EVALUATION:

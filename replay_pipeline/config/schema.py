@@ -300,6 +300,12 @@ class AlgoConfig:
     """Lower clip of the importance ratio: ratio >= 1 - eps_low."""
     eps_high: float = bounded(0.2, ge=0)
     """Upper clip of the importance ratio: ratio <= 1 + eps_high."""
+    micro_batch_size: Optional[int] = bounded(None, ge=1, integer=True, null="for the whole minibatch")
+    """Rows a learner update runs forward and backward at a time, their gradients summed into
+    the minibatch's (the loss's denominator stays the minibatch's, so the update is the same
+    up to float rounding); None: the whole minibatch at once. Memory, not a training knob: a
+    pretrained model's activations grow with the rows (SmolLM2-135M at 64 rows of ~60 tokens
+    took over 10 GB), so experiment=smollm2_chain_sum uses 16."""
     loss_agg: str = "token_mean"
     """`token_mean` (every completion token of the minibatch weighs the same) or `seq_mean`."""
     max_grad_norm: float = bounded(1.0, ge=0, hint="0 disables")

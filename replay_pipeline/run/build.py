@@ -179,7 +179,8 @@ def _learner(settings: Settings, model: Any, pad_id: int) -> Learner:
     learner = Learner(model, objective=a.objective, lr=a.lr, objective_params=dict(settings.objective_params),
                       kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
                       max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
-                      betas=(a.adam_beta1, a.adam_beta2), temperature=settings.generator.temperature, pad_id=pad_id)
+                      betas=(a.adam_beta1, a.adam_beta2), temperature=settings.generator.temperature, pad_id=pad_id,
+                      micro_batch_size=a.micro_batch_size)
     if settings.reuse.rule == "grad_spike":  # its signal: the watched group's gradient norm
         learner.watch(settings.reuse.group)
     return learner

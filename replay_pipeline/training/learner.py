@@ -42,6 +42,7 @@ Bad input (decisions):
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from dataclasses import dataclass, fields
 from itertools import chain
@@ -134,17 +135,52 @@ def token_logprobs_and_entropy(model, batch: Batch, temperature: float | torch.T
                                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, L-1) log-probs of each next token and entropy of each next-token distribution
     (differentiable only with `entropy_grad`, for an entropy bonus), under softmax(logits /
-    temperature): one temperature, or one per row (a (B,) tensor)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    temperature): one temperature, or one per row (a (B,) tensor).
+
+    Only the columns from the first one that predicts a completion token are projected onto
+    the vocabulary (the model's `logits_to_keep`); the columns before it, prompt positions,
+    hold 0. With a real vocabulary the projection and the softmax over it are a large share of
+    a step: SmolLM2's 49,152 tokens over 64 rows of ~60 tokens made 0.75 GB of logits, three
+    quarters of them at prompt positions no loss reads."""
+    start = _first_completion_column(batch.completion_mask)
+    width = batch.input_ids.shape[1]
+    if _takes_logits_to_keep(model):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       logits_to_keep=width - start).logits
+    else:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, start:]
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(logits.device, torch.float32).view(-1, 1, 1)
-    logits = logits[:, :-1].float() / temperature
+    logits = logits[:, :-1].float() / temperature  # columns start..L-2 predict tokens start+1..L-1
     logp_all = torch.log_softmax(logits, dim=-1)
-    targets = batch.input_ids[:, 1:].unsqueeze(-1)
+    targets = batch.input_ids[:, start + 1:].unsqueeze(-1)
     logp = logp_all.gather(-1, targets).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logp_all.exp() * logp_all).sum(-1)
+    if start:  # the prompt columns before `start`: nothing computed, 0
+        logp, entropy = (torch.nn.functional.pad(t, (start, 0)) for t in (logp, entropy))
     return logp, entropy
+
+
+def _first_completion_column(completion_mask: torch.Tensor) -> int:
+    """The first column of a (B, L-1) completion mask that predicts a completion token in any
+    row (L-1 when there is none)."""
+    used = torch.nonzero(completion_mask.any(dim=0))
+    return int(used[0]) if len(used) else completion_mask.shape[1]
+
+
+def _takes_logits_to_keep(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do)."""
+    kind = type(model)
+    if kind not in _LOGITS_TO_KEEP:
+        try:
+            _LOGITS_TO_KEEP[kind] = "logits_to_keep" in inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            _LOGITS_TO_KEEP[kind] = False
+    return _LOGITS_TO_KEEP[kind]
+
+
+_LOGITS_TO_KEEP: dict[type, bool] = {}
 
 
 def adamw(params, **settings) -> torch.optim.AdamW:
@@ -167,11 +203,16 @@ class Learner:
                  entropy_coef: float = 0.0, loss_agg: str = "token_mean",
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), temperature: float = 1.0,
-                 pad_id: int = 0):
+                 pad_id: int = 0, micro_batch_size: int | None = None):
         """`objective_params` holds hyper-parameters for any objective (eps_low, eps_high,
         delta_v, tis_cap); the chosen objective gets the ones it declares and the rest are
         ignored, so one config serves every objective. `eps_low` / `eps_high` keywords are
-        kept for callers that pass them directly; `objective_params` overrides them."""
+        kept for callers that pass them directly; `objective_params` overrides them.
+        `micro_batch_size`: :meth:`step` runs the forward and backward passes on at most this
+        many rows at a time and sums their gradients (None: the whole minibatch at once)."""
+        if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or int(micro_batch_size) < 1):
+            raise ValueError(f"micro_batch_size={micro_batch_size!r} must be an integer >= 1 (or None)")
+        self.micro_batch_size = None if micro_batch_size is None else int(micro_batch_size)
         self.objective = get_objective(objective)
         self.objective_kwargs = select_objective_params(
             self.objective, {"eps_low": eps_low, "eps_high": eps_high, **(objective_params or {})})
@@ -276,15 +317,45 @@ class Learner:
                              f"{names}); use reuse.group=output or part of a parameter's name")
         self.watched = params
 
-    def _loss(self, rows: Mapping[str, Sequence[Any]]):
-        """The minibatch's loss (objective, KL and entropy terms, aggregated) and what the
-        diagnostics are computed from: (batch, mask, on, objective output, logp, entropy, kl_ref)."""
+    def _prepare(self, rows: Mapping[str, Sequence[Any]]) -> tuple[Batch, float | torch.Tensor]:
+        """The checked minibatch as a Batch on the model's device, and each row's temperature."""
         self.check_rows(rows)
         batch = collate(rows["prompt_ids"], rows["completion_ids"], rows["behaviour_logprobs"],
                         rows["advantage"], self.pad_id, rewards=rows.get("reward"),
                         group_reward_mean=rows.get("group_reward_mean")).to(self.device)
         self._check_logprobs(rows, batch)
-        temperature = self.row_temperature(rows)
+        return batch, self.row_temperature(rows)
+
+    def _loss(self, rows: Mapping[str, Sequence[Any]]):
+        """The minibatch's loss (objective, KL and entropy terms, aggregated) and what the
+        diagnostics are computed from: (batch, mask, on, objective output, logp, entropy, kl_ref)."""
+        batch, temperature = self._prepare(rows)
+        return self._part_loss(batch, temperature)
+
+    def _parts(self, batch: Batch, temperature: float | torch.Tensor):
+        """(part, its temperature, its weight) for each micro-batch of `batch` (rows in order;
+        one part, the batch itself with weight 1, without micro_batch_size): the weight makes
+        the parts' aggregated losses sum to the whole minibatch's (loss_agg's denominator is the
+        whole minibatch's token or sequence count)."""
+        size = self.micro_batch_size
+        rows = batch.input_ids.shape[0]
+        if size is None or size >= rows:
+            yield batch, temperature, 1.0
+            return
+        mask = batch.completion_mask
+        if self.loss_agg == "seq_mean":
+            counts, total = (mask.sum(-1) > 0).float(), float((mask.sum(-1) > 0).sum().clamp_min(1))
+        else:
+            counts, total = mask.sum(-1), float(mask.sum().clamp_min(1.0))
+        for start in range(0, rows, size):
+            cut = slice(start, start + size)
+            part = Batch(*(None if t is None else t[cut] for t in (getattr(batch, f.name) for f in fields(batch))))
+            part_total = float(counts[cut].sum())
+            weight = part_total / total if part_total > 0 else 0.0
+            yield part, temperature[cut] if isinstance(temperature, torch.Tensor) else temperature, weight
+
+    def _part_loss(self, batch: Batch, temperature: float | torch.Tensor, weight: float = 1.0):
+        """_loss on a Batch (a minibatch or one of its parts), the aggregated loss times `weight`."""
         logp, entropy = token_logprobs_and_entropy(self.model, batch, temperature,
                                                    entropy_grad=self.entropy_coef > 0)
         m = batch.completion_mask
@@ -305,6 +376,8 @@ class Learner:
         if self.entropy_coef > 0:  # bonus: higher entropy lowers the loss (aggregate drops padding)
             per_token = per_token - self.entropy_coef * entropy
         loss = aggregate(per_token, m, self.loss_agg)
+        if weight != 1.0:
+            loss = loss * weight
         return loss, (batch, m, on, out, logp, entropy, kl_ref)
 
     def gradient(self, rows: Mapping[str, Sequence[Any]]) -> list[torch.Tensor]:
@@ -326,12 +399,24 @@ class Learner:
         its backward pass and before the optimizer step; if it returns a reason, the update is
         not applied (gradients dropped, no step counted), the metrics carry `applied` 0 (1 when
         `accept` let it through) and the reason is kept in `refused`."""
-        loss, parts = self._loss(rows)
-        batch, m, on, out, logp, entropy, kl_ref = parts
+        whole, temperature = self._prepare(rows)
         self.optimizer.zero_grad(set_to_none=True)
+        pieces, loss = [], 0.0
+        for part, part_temperature, weight in self._parts(whole, temperature):
+            part_loss, (batch, m, on, out, logp, entropy, kl_ref) = self._part_loss(part, part_temperature, weight)
+            if bool(on.any()):
+                part_loss.backward()  # the parts' gradients add up in .grad
+            loss = part_loss.detach() if not pieces else loss + part_loss.detach()
+            pieces.append((m, on, out.ratio.detach(), out.clipped, logp.detach(), entropy.detach(),
+                           None if kl_ref is None else kl_ref.detach()))
+        if len(pieces) > 1:
+            m, on, ratio, clipped, logp, entropy, kl_ref = (
+                None if column[0] is None else torch.cat(column) for column in zip(*pieces))
+            batch = whole
+        else:
+            m, on, ratio, clipped, logp, entropy, kl_ref = pieces[0]
         group_norm = 0.0
         if bool(on.any()):
-            loss.backward()
             if self.watched:
                 group_norm = float(torch.linalg.vector_norm(torch.stack(
                     [torch.linalg.vector_norm(p.grad) for p in self.watched if p.grad is not None] or
@@ -342,9 +427,8 @@ class Learner:
             grad_norm = torch.zeros(())
         tokens = m.sum().clamp_min(1.0)
         masked_mean = lambda x: float((x.detach() * m).sum() / tokens)  # noqa: E731
-        ratio = out.ratio
         log_ratio = (logp.detach() - batch.behaviour_logprobs) * m  # log(current / behaviour)
-        truncated_frac = masked_mean(out.clipped.float())
+        truncated_frac = masked_mean(clipped.float())
         metrics = {
             "loss": float(loss.detach()),
             "clip_frac": truncated_frac,

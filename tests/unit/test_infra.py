@@ -132,6 +132,23 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
         settle(None, {"a": []}, None, None, [1, -2])
 
 
+def test_the_smollm2_grid_runs_the_presets_model_task_sampling_and_evaluation():
+    """GRIDS["smollm2"] spells out experiment=smollm2_chain_sum (its children pick their own
+    experiment): the model, task, sampling, learning rate and evaluation sizes stay equal, and
+    its configurations are the toy grids' of the same names, on seeds that chose nothing."""
+    from flows.sweep import GRIDS
+
+    grid = GRIDS["smollm2"]
+    preset, child = resolve_config(["experiment=smollm2_chain_sum"]), resolve_config(grid.overrides)
+    for section in ("model", "task", "generator"):
+        assert child[section] == preset[section], section
+    assert child.algo.lr == preset.algo.lr and child.algo.micro_batch_size == preset.algo.micro_batch_size
+    for key in ("eval_samples", "pass1_samples"):
+        assert child.loop[key] == preset.loop[key], key
+    assert all(GRIDS["headline"].configs[name] == extra for name, extra in grid.configs.items())
+    assert "no_buffer" in grid.configs and not set(grid.seeds) & set(grid.selection["seeds"]) and len(grid.seeds) >= 3
+
+
 def test_the_onpolicy_control_draws_by_advantage_from_the_fresh_batch_only():
     from flows.sweep import GRIDS
 
