@@ -132,19 +132,20 @@ def test_sweep_grids_validate_and_settle_takes_what_is_given():
         settle(None, {"a": []}, None, None, [1, -2])
 
 
-def test_the_smollm2_grid_runs_the_presets_model_task_sampling_and_evaluation():
+def test_the_smollm2_grid_runs_the_preset_as_its_replay_child():
     """GRIDS["smollm2"] spells out experiment=smollm2_chain_sum (its children pick their own
-    experiment): the model, task, sampling, learning rate and evaluation sizes stay equal, and
-    its configurations are the toy grids' of the same names, on seeds that chose nothing."""
-    from flows.sweep import GRIDS
+    experiment): its posbias_prio256_r32_b32 child, at the grid's equal budget, composes to the
+    preset itself (model, task, sampling, buffer, loop, objective), so the grid's runs of that
+    child are the preset's seeds; its configurations are the toy grids' of the same names, on
+    seeds that chose nothing."""
+    from flows.sweep import GRIDS, equal_budget
 
     grid = GRIDS["smollm2"]
-    preset, child = resolve_config(["experiment=smollm2_chain_sum"]), resolve_config(grid.overrides)
-    for section in ("model", "task", "generator"):
+    children = equal_budget(grid.configs, grid.overrides, "no_buffer")
+    preset = resolve_config(["experiment=smollm2_chain_sum"])
+    child = resolve_config([*grid.overrides, *children["posbias_prio256_r32_b32"]])
+    for section in ("model", "task", "generator", "buffer", "loop", "algo"):
         assert child[section] == preset[section], section
-    assert child.algo.lr == preset.algo.lr and child.algo.micro_batch_size == preset.algo.micro_batch_size
-    for key in ("eval_samples", "pass1_samples"):
-        assert child.loop[key] == preset.loop[key], key
     assert all(GRIDS["headline"].configs[name] == extra for name, extra in grid.configs.items())
     assert "no_buffer" in grid.configs and not set(grid.seeds) & set(grid.selection["seeds"]) and len(grid.seeds) >= 3
 
