@@ -59,3 +59,20 @@ def test_a_tokenizer_without_a_template_and_the_built_in_model_are_refused_befor
         preflight(load_config(_overrides(tmp_path, tmp_path / "plain")))
     with pytest.raises(ConfigError, match=r"generator.chat_template=true needs a Hugging Face model"):
         load_config(["generator.chat_template=true"])
+
+
+def test_a_system_prompt_goes_first_through_the_template(tmp_path):
+    """generator.system_prompt is a system message before each prompt (the template renders
+    every message's content in order here), in the rollouts' prompt_ids; without the chat
+    template it is refused at validation."""
+    tokenizer = _model_dir(tmp_path / "model", TEMPLATE)
+    cfg = load_config([*_overrides(tmp_path, tmp_path / "model"), "generator.system_prompt=12"])
+    run = build_run(cfg, log=lambda _: None, tracker=NullTracker())
+    sync_round(run, 0)
+    run.flush_writes()
+    rows = run.store.window(1000, columns=["prompt", "prompt_ids"])
+    for text, ids in zip(rows.column("prompt").to_pylist(), rows.column("prompt_ids").to_pylist()):
+        assert ids == [tokenizer.bos_token_id, *tokenizer("12" + text + "+", add_special_tokens=False)["input_ids"]]
+    run.finish()
+    with pytest.raises(ConfigError, match="generator.system_prompt is set but generator.chat_template=false"):
+        load_config([*TINY_OVERRIDES, "generator.system_prompt=12"])
