@@ -147,10 +147,13 @@ class TransformersGenerator:
             return_dict_in_generate=True, output_logits=True, **kwargs,
         )
         new_tokens = out.sequences[:, width:].cpu()                     # (N, T)
-        logits = torch.stack(out.logits, dim=1).float().cpu()           # (N, T, V) raw logits
         scale = 1.0 if greedy else temperature
-        logp = torch.log_softmax(logits / scale, dim=-1)
-        token_logp = logp.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)  # (N, T)
+        # each step's raw logits (N, V) to the chosen token's log-prob, one step at a time: a
+        # stacked (N, T, V) copy and its log-softmax would hold two more copies of every step's
+        # logits (with a 49k vocabulary, 256 rows x 32 steps: 1.6 GB each)
+        token_logp = torch.stack([
+            torch.log_softmax(step.float().cpu() / scale, dim=-1).gather(-1, new_tokens[:, t, None]).squeeze(-1)
+            for t, step in enumerate(out.logits)], dim=1) if out.logits else torch.zeros(new_tokens.shape)  # (N, T)
         samples = []
         for i, r in enumerate(rows):
             ids = new_tokens[i].tolist()
