@@ -299,7 +299,7 @@ def _task_problems(task: Any) -> list[str]:
     if task.name == "reasoning_gym":
         if not dataset_names(task.dataset):
             problems.append("task.name=reasoning_gym needs a dataset: task.dataset=NAME (e.g. chain_sum; several "
-                            "joined by commas are mixed), e.g. python -m flows.train model=smollm2 task=reasoning_gym "
+                            "in a list, [a,b], are mixed), e.g. python -m flows.train model=smollm2 task=reasoning_gym "
                             "task.dataset=chain_sum")
         if task.answer_fallback not in FALLBACKS:
             problems.append(f"task.answer_fallback={task.answer_fallback!r} must be null or last_number")

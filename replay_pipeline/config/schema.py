@@ -134,9 +134,10 @@ class TaskConfig:
     \\boxed{} answer (lenient); None: an explicit final answer is required."""
     # reasoning-gym datasets (task.name=reasoning_gym, preset task=reasoning_gym;
     # replay_pipeline/tasks/reasoning_gym.py).
-    dataset: Optional[str] = None
+    dataset: Any = None
     """reasoning_gym task, required: a reasoning-gym dataset name (`chain_sum`, `products`,
-    `basic_arithmetic`, ...), or several joined by commas, mixed (its `composite` dataset)."""
+    `basic_arithmetic`, ...), or a list of them, mixed by its `composite` dataset
+    ('task.dataset=[chain_sum,products]'; a quoted 'chain_sum,products' is the same)."""
     config: Dict[str, Any] = field(default_factory=dict)
     """reasoning_gym task: the dataset's settings, its config dataclass's fields
     (+task.config.max_digits=2); with several datasets one mapping each

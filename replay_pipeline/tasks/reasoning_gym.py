@@ -2,7 +2,7 @@
 
     python -m flows.train experiment=smollm2_chain_sum        # the preset that learns on a CPU
     python -m flows.train model=smollm2 task=reasoning_gym task.dataset=chain_sum +task.config.max_digits=2
-    python -m flows.train model=smollm2 task=reasoning_gym task.dataset=chain_sum,products \\
+    python -m flows.train model=smollm2 task=reasoning_gym 'task.dataset=[chain_sum,products]' \\
         +task.config.chain_sum.max_terms=2 +task.weights.products=2
 
 reasoning-gym (Apache-2.0, ``sh infra/install.sh reasoning`` or the dev install) generates
@@ -12,9 +12,9 @@ model gets it through its chat template: generator.chat_template=true, with
 generator.system_prompt as the system message when set) and scores completions with the
 dataset's verifier.
 
-- ``dataset``: a name of ``reasoning_gym.factory.DATASETS``, or several joined by commas, a
-  mixture (reasoning-gym's ``composite`` dataset; ``weights`` NAME -> weight, 1 each by
-  default). ``config``: the dataset's knobs (its config dataclass's fields: ``max_digits``,
+- ``dataset``: a name of ``reasoning_gym.factory.DATASETS``, or a list of them (or one string
+  of names joined by commas), a mixture (reasoning-gym's ``composite`` dataset; ``weights``
+  NAME -> weight, 1 each by default). ``config``: the dataset's knobs (its config dataclass's fields: ``max_digits``,
   ``min_terms``...); for a mixture, one mapping per dataset (``config.chain_sum.max_digits``).
   A name or a knob that does not exist, or a value its config's ``validate`` rejects, is
   refused when the task is built (the pre-flight: before any work), naming the nearest ones.
@@ -93,7 +93,7 @@ def check_dataset(dataset: Any, config: Mapping[str, Any] | None, weights: Mappi
     problem lines naming the nearest valid ones; none when it builds."""
     names = dataset_names(dataset)
     if not names:
-        return ["task=reasoning_gym needs task.dataset=NAME (e.g. chain_sum; several joined by commas mix them)"]
+        return ["task=reasoning_gym needs task.dataset=NAME (e.g. chain_sum; a list of names, [a,b], mixes them)"]
     registry = _registry()
     problems = [f"task.dataset: no reasoning-gym dataset {n!r}; {_nearest(n, list(registry))}"
                 for n in names if n not in registry]
@@ -139,7 +139,7 @@ def _per_dataset(names: list[str], config: dict[str, Any]) -> dict[str, dict[str
 @dataclass(frozen=True)
 class ReasoningGymTask:
     dataset: Any = None
-    """reasoning-gym dataset name, or names joined by commas (a mixture)."""
+    """reasoning-gym dataset name, or a list of names (a mixture)."""
     config: Mapping[str, Any] = field(default_factory=dict)
     """The dataset's settings (for a mixture: one mapping per dataset name)."""
     weights: Mapping[str, Any] = field(default_factory=dict)

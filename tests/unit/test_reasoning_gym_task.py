@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from replay_pipeline.config import TASK_DEFAULTS, ConfigError
 from replay_pipeline.run.resume import resolve_config
@@ -124,3 +125,13 @@ def test_configuration_keys_and_rules():
         resolve_config(["model=smollm2", "task=reasoning_gym"])
     with pytest.raises(ConfigError, match="generator.system_prompt is set but generator.chat_template=false"):
         resolve_config(["generator.system_prompt=Be brief."])
+
+
+def test_a_mixture_from_the_command_line_is_a_list():
+    """`'task.dataset=[chain_sum,products]'` composes (an unquoted comma is Hydra's sweep
+    syntax) and builds the mixture the comma-joined string builds."""
+    cfg = resolve_config(["model=smollm2", "task=reasoning_gym", "task.dataset=[chain_sum,products]",
+                          "task.heldout_size=8", "task.validation_size=0"])
+    task = task_from_config(OmegaConf.to_container(cfg.task, resolve=True), TASK_DEFAULTS)
+    same = ReasoningGymTask(dataset="chain_sum,products", heldout_size=8, validation_size=0)
+    assert task.heldout_prompts() == same.heldout_prompts()
