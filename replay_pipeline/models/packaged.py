@@ -29,9 +29,11 @@ does the same by hand. Models floor: imports transformers and the standard libra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -195,13 +197,13 @@ def prepare(name: str, target: str | Path, *, force: bool = False,
     shutil.rmtree(work, ignore_errors=True)
     from transformers.utils import logging as hf_logging  # start-up cost: transformers (loaded above)
 
-    bars, tqdm_env = hf_logging.is_progress_bar_enabled(), os.environ.get("TQDM_DISABLE")
-    hf_logging.disable_progress_bar()  # the conversion's per-tensor bars (transformers' and its
-    os.environ["TQDM_DISABLE"] = "1"  # GGUF reader's own tqdm): the line above says it all
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the conversion's per-tensor progress bars: the line above says it all
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
-                                                     quantization_config=GgufConfig(dequantize=True))
+        with contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader's own tqdm, which nothing turns off
+            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
+                                                         quantization_config=GgufConfig(dequantize=True))
         model.save_pretrained(work)
         tokenizer.save_pretrained(work)
         del model
@@ -218,10 +220,6 @@ def prepare(name: str, target: str | Path, *, force: bool = False,
         shutil.rmtree(work, ignore_errors=True)
         if bars:
             hf_logging.enable_progress_bar()
-        if tqdm_env is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = tqdm_env
     log(f"prepared {spec.name}: {facts['layers']} layers, hidden {facts['hidden_size']}, "
         f"{facts['parameters'] / 1e6:.1f}M parameters, in {record['seconds']} s")
     return record
