@@ -12,6 +12,17 @@ its signature declares (from `objective_params`, e.g. {"delta_v": -0.1, "tis_cap
 the learner never branches on the objective's name. With `kl_coef > 0` the learner keeps a
 frozen copy of the starting model and adds kl_coef * k3(current || reference) per token.
 
+A step can run in micro-batches (`micro_batch_size`: forward and backward on that many rows at
+a time, gradients summed) and as one rank of a data-parallel group (`group`: every rank is given
+the same whole minibatch, trains on its contiguous share of the rows, and the gradients and the
+diagnostics' sums are summed over the group before clipping and the step). Either way each part's
+aggregated loss is weighted by its share of the whole minibatch's tokens (or sequences), so the
+update is one process's on the whole minibatch up to float rounding (tests: the unit test of
+micro-batches, tests/integration/test_data_parallel_learner.py); one process without
+micro-batches computes exactly as a plain step. Gradients go over the group as one flat all-reduce
+(what DDP does, without its wrapper or bucketing): every rank keeps the whole model and its
+optimizer state, which suits a model that fits one device; sharding them (FSDP2) is for larger ones.
+
 Every step returns diagnostics (the trainer logs them as learn/<name>): loss, entropy,
 clip_frac and truncated_frac (the same number: the fraction of completion tokens whose
 weight the objective clipped or truncated; clip_frac is the older name), ratio_mean,
@@ -50,6 +61,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from replay_pipeline.algo.bounds import Bound
 from replay_pipeline.algo.objectives import (OBJECTIVES, LossInputs, aggregate, get_objective,
@@ -203,16 +215,23 @@ class Learner:
                  entropy_coef: float = 0.0, loss_agg: str = "token_mean",
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), temperature: float = 1.0,
-                 pad_id: int = 0, micro_batch_size: int | None = None):
+                 pad_id: int = 0, micro_batch_size: int | None = None, group: Any = None):
         """`objective_params` holds hyper-parameters for any objective (eps_low, eps_high,
         delta_v, tis_cap); the chosen objective gets the ones it declares and the rest are
         ignored, so one config serves every objective. `eps_low` / `eps_high` keywords are
         kept for callers that pass them directly; `objective_params` overrides them.
         `micro_batch_size`: :meth:`step` runs the forward and backward passes on at most this
-        many rows at a time and sums their gradients (None: the whole minibatch at once)."""
+        many rows at a time and sums their gradients (None: the whole minibatch at once).
+        `group`: a torch.distributed process group this learner is one rank of (data
+        parallel: every rank holds the same weights and is given the same whole minibatch,
+        trains on its contiguous share of the rows, and the gradients are summed over the
+        group before clipping and the step, so every rank takes the update one process would;
+        None: one process)."""
         if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or int(micro_batch_size) < 1):
             raise ValueError(f"micro_batch_size={micro_batch_size!r} must be an integer >= 1 (or None)")
         self.micro_batch_size = None if micro_batch_size is None else int(micro_batch_size)
+        self.group = group
+        self.rank, self.world_size = (0, 1) if group is None else (dist.get_rank(group), dist.get_world_size(group))
         self.objective = get_objective(objective)
         self.objective_kwargs = select_objective_params(
             self.objective, {"eps_low": eps_low, "eps_high": eps_high, **(objective_params or {})})
@@ -333,13 +352,16 @@ class Learner:
         return self._part_loss(batch, temperature)
 
     def _parts(self, batch: Batch, temperature: float | torch.Tensor):
-        """(part, its temperature, its weight) for each micro-batch of `batch` (rows in order;
-        one part, the batch itself with weight 1, without micro_batch_size): the weight makes
-        the parts' aggregated losses sum to the whole minibatch's (loss_agg's denominator is the
-        whole minibatch's token or sequence count)."""
-        size = self.micro_batch_size
+        """(part, its temperature, its weight) for each micro-batch of this rank's share of
+        `batch` (rows in order; one part, the batch itself with weight 1, for one process
+        without micro_batch_size): the weight makes the parts' aggregated losses, over every
+        rank, sum to the whole minibatch's (loss_agg's denominator is the whole minibatch's
+        token or sequence count). A rank whose share is empty (fewer rows than ranks) has none."""
         rows = batch.input_ids.shape[0]
-        if size is None or size >= rows:
+        share = -(-rows // self.world_size)  # this rank's contiguous rows: [lo, hi)
+        lo, hi = min(self.rank * share, rows), min((self.rank + 1) * share, rows)
+        size = self.micro_batch_size or max(hi - lo, 1)
+        if self.world_size == 1 and size >= rows:
             yield batch, temperature, 1.0
             return
         mask = batch.completion_mask
@@ -347,8 +369,8 @@ class Learner:
             counts, total = (mask.sum(-1) > 0).float(), float((mask.sum(-1) > 0).sum().clamp_min(1))
         else:
             counts, total = mask.sum(-1), float(mask.sum().clamp_min(1.0))
-        for start in range(0, rows, size):
-            cut = slice(start, start + size)
+        for start in range(lo, hi, size):
+            cut = slice(start, min(start + size, hi))
             part = Batch(*(None if t is None else t[cut] for t in (getattr(batch, f.name) for f in fields(batch))))
             part_total = float(counts[cut].sum())
             weight = part_total / total if part_total > 0 else 0.0
@@ -401,22 +423,20 @@ class Learner:
         `accept` let it through) and the reason is kept in `refused`."""
         whole, temperature = self._prepare(rows)
         self.optimizer.zero_grad(set_to_none=True)
-        pieces, loss = [], 0.0
+        pieces = []
         for part, part_temperature, weight in self._parts(whole, temperature):
             part_loss, (batch, m, on, out, logp, entropy, kl_ref) = self._part_loss(part, part_temperature, weight)
             if bool(on.any()):
                 part_loss.backward()  # the parts' gradients add up in .grad
-            loss = part_loss.detach() if not pieces else loss + part_loss.detach()
-            pieces.append((m, on, out.ratio.detach(), out.clipped, logp.detach(), entropy.detach(),
-                           None if kl_ref is None else kl_ref.detach()))
-        if len(pieces) > 1:
-            m, on, ratio, clipped, logp, entropy, kl_ref = (
-                None if column[0] is None else torch.cat(column) for column in zip(*pieces))
-            batch = whole
-        else:
-            m, on, ratio, clipped, logp, entropy, kl_ref = pieces[0]
+            pieces.append((part_loss.detach(), batch.behaviour_logprobs, m, on, out.ratio.detach(), out.clipped,
+                           logp.detach(), entropy.detach(), None if kl_ref is None else kl_ref.detach()))
+        sums = self._sums(pieces)
+        if self.world_size > 1:  # the group's gradients and sums: every rank then steps alike
+            self._all_reduce_gradients()
+            sums = self._all_reduce_sums(sums)
+        learned = bool(sums["tokens"] > 0)
         group_norm = 0.0
-        if bool(on.any()):
+        if learned:
             if self.watched:
                 group_norm = float(torch.linalg.vector_norm(torch.stack(
                     [torch.linalg.vector_norm(p.grad) for p in self.watched if p.grad is not None] or
@@ -425,35 +445,75 @@ class Learner:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm_cap)
         else:  # only empty completions: nothing to learn, and no momentum-only update
             grad_norm = torch.zeros(())
-        tokens = m.sum().clamp_min(1.0)
-        masked_mean = lambda x: float((x.detach() * m).sum() / tokens)  # noqa: E731
-        log_ratio = (logp.detach() - batch.behaviour_logprobs) * m  # log(current / behaviour)
-        truncated_frac = masked_mean(clipped.float())
+        tokens = sums["tokens"].clamp_min(1.0)
+        truncated_frac = float(sums["clipped"] / tokens)
         metrics = {
-            "loss": float(loss.detach()),
+            "loss": float(sums["loss"]),
             "clip_frac": truncated_frac,
             "truncated_frac": truncated_frac,
-            "entropy": masked_mean(entropy),
-            "ratio_mean": masked_mean(ratio),
-            "ratio_max": float(ratio[on].max()) if bool(on.any()) else 0.0,
-            "kl_behaviour": masked_mean(-log_ratio),
-            "kl_behaviour_k3": masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio),
+            "entropy": float(sums["entropy"] / tokens),
+            "ratio_mean": float(sums["ratio"] / tokens),
+            "ratio_max": float(sums["ratio_max"]) if learned else 0.0,
+            "kl_behaviour": float(sums["kl_behaviour"] / tokens),
+            "kl_behaviour_k3": float(sums["kl_behaviour_k3"] / tokens),
             "grad_norm": float(grad_norm),
-            "tokens": float(m.sum()),
-            "advantage_abs_mean": float(batch.advantages.abs().mean()),
+            "tokens": float(sums["tokens"]),
+            "advantage_abs_mean": float(whole.advantages.abs().mean()),
         }
-        if kl_ref is not None:
-            metrics["kl_ref"] = masked_mean(kl_ref)
+        if "kl_ref" in sums:
+            metrics["kl_ref"] = float(sums["kl_ref"] / tokens)
         if self.watched:
             metrics["group_grad_norm"] = group_norm
         self.refused = accept(metrics) if accept is not None else None
         if self.refused is not None:
             self.optimizer.zero_grad(set_to_none=True)
             return metrics | {"applied": 0.0}
-        if bool(on.any()):
+        if learned:
             self.optimizer.step()
         self.steps += 1
         return metrics if accept is None else metrics | {"applied": 1.0}
+
+    def _sums(self, pieces: list[tuple]) -> dict[str, torch.Tensor]:
+        """The step's diagnostics as sums over this rank's completion tokens (divided by the
+        token count once summed over the group): loss, tokens, clipped, entropy, ratio, the two
+        KL estimates, kl_ref when there is a reference, and ratio_max (a maximum)."""
+        if not pieces:  # an empty share: nothing of this rank's, but it still takes part
+            zero = torch.zeros((), device=self.device)
+            out = {k: zero for k in ("loss", "tokens", "clipped", "entropy", "ratio", "kl_behaviour",
+                                     "kl_behaviour_k3", "ratio_max")}
+            return out | ({"kl_ref": zero} if self.reference is not None else {})
+        loss, behaviour, m, on, ratio, clipped, logp, entropy, kl_ref = (
+            column[0] if len(pieces) == 1 else (None if column[0] is None else
+                                                torch.stack(column) if column[0].dim() == 0 else torch.cat(column))
+            for column in zip(*pieces))
+        log_ratio = (logp - behaviour) * m  # log(current / behaviour)
+        total = lambda x: (x.detach() * m).sum()  # noqa: E731
+        out = {"loss": loss if loss.dim() == 0 else loss.sum(), "tokens": m.sum(), "clipped": total(clipped.float()),
+               "entropy": total(entropy), "ratio": total(ratio), "kl_behaviour": total(-log_ratio),
+               "kl_behaviour_k3": total(torch.exp(log_ratio) - 1.0 - log_ratio),
+               "ratio_max": ratio[on].max() if bool(on.any()) else torch.zeros((), device=m.device)}
+        return out | ({"kl_ref": total(kl_ref)} if kl_ref is not None else {})
+
+    def _all_reduce_gradients(self) -> None:
+        """Sum every parameter's gradient over the group, as one flat tensor (a rank that
+        computed none contributes zeros)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+
+    def _all_reduce_sums(self, sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`sums` summed over the group (ratio_max: the group's maximum)."""
+        keys = [k for k in sums if k != "ratio_max"]
+        flat = torch.stack([sums[k].float() for k in keys])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        top = sums["ratio_max"].float().clone()
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=self.group)
+        return dict(zip(keys, flat)) | {"ratio_max": top}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Weights to publish to the generator (detached copies, safe to load elsewhere)."""
