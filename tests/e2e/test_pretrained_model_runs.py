@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.skipif(bool(missing), reason="; ".join(missing) or "in
 SMALL = ["experiment=smollm2_chain_sum", "task.heldout_size=4", "task.validation_size=0",
          "loop.prompts_per_step=2", "loop.group_size=4", "loop.minibatch_size=8", "buffer.capacity=16",
          "generator.max_new_tokens=12", "loop.eval_every=0", "loop.passk_every=3", "loop.eval_samples=2",
-         "loop.pass1_samples=1", "loop.checkpoint_every=1", f"model.torch_threads={TEST_THREADS}",
+         "loop.pass1_samples=1", "loop.checkpoint_every=0", f"model.torch_threads={TEST_THREADS}",
          "tracking.progress=false"]
 R = 2 * 4  # rollouts a step
 COLUMNS = ["seq", "step", "prompt", "prompt_ids", "completion_ids", "behaviour_logprobs", "reward", "advantage",
