@@ -75,7 +75,8 @@ def test_a_sweep_killed_part_way_continues_where_each_child_was(tmp_path):
            "--config", "no_buffer=experiment=no_buffer", "--config", "replay=experiment=replay,buffer.capacity=32",
            f"tracking.root_dir={tmp_path}", *TINY_OVERRIDES, "loop.steps=8", "loop.eval_every=2",
            "loop.passk_every=0", "loop.checkpoint_every=2", "tracking.experiment=cut-sweep"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its process group: the sweep and the Prefect server it started
     seen = []
     while not (seen and seen[-1].startswith("sweep cut-")):  # after Prefect's own lines
         seen.append(proc.stdout.readline())
@@ -88,7 +89,7 @@ def test_a_sweep_killed_part_way_continues_where_each_child_was(tmp_path):
     while not (second.is_dir() and any(p.name.startswith("step-") for p in second.iterdir())):
         assert proc.poll() is None and time.monotonic() < deadline, "".join(seen)
         time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)  # a power cut: the sweep and everything it started, nothing left over
     proc.wait(timeout=30)
 
     first_id = f"cut-no_buffer-s0-{sweep_id}"
