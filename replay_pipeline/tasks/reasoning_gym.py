@@ -49,7 +49,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any, ClassVar, Optional
 
 import numpy as np
@@ -161,15 +161,20 @@ class ReasoningGymTask:
             problems.append(f"task.answer_fallback={self.answer_fallback!r} must be null or last_number")
         if problems:
             raise ValueError("; ".join(problems))
-        self._split_items()  # refuses a dataset too small for the sets, before any work
+        self._splits  # noqa: B018  (built now: a dataset too small for the sets is refused before any work)
 
     @cached_property
     def names(self) -> list[str]:
         return dataset_names(self.dataset)
 
+    @cached_property
+    def _sources(self) -> dict[str, Any]:
+        """Each split's reasoning-gym dataset, seeded split_seed + its place in SPLITS."""
+        return {split: _make_dataset(self.names, dict(self.config), dict(self.weights), self.split_seed + i)
+                for i, split in enumerate(SPLITS)}
+
     def _source(self, split: str):
-        return _make_dataset(tuple(self.names), _freeze(self.config), _freeze(self.weights),
-                             self.split_seed + SPLITS.index(split))
+        return self._sources[split]
 
     def _item(self, split: str, index: int) -> dict[str, Any]:
         return self._source(split)[index]
@@ -197,9 +202,6 @@ class ReasoningGymTask:
                 index += 1
             out.append(prompts)
         return out[0], out[1], frozenset(taken)
-
-    def _split_items(self) -> None:
-        self._splits  # noqa: B018  (computed, and cached, now)
 
     def train_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:
         excluded = self._splits[2]
@@ -246,27 +248,11 @@ class ReasoningGymTask:
         return 1.0 if score is not None and score >= 1.0 - 1e-9 else 0.0
 
 
-def _freeze(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in value):
-        return {k: _thaw(v) for k, v in value}
-    return value
-
-
-@lru_cache(maxsize=32)
-def _make_dataset(names: tuple[str, ...], config: Any, weights: Any, seed: int):
-    """The reasoning-gym dataset object of one split (cached: items are generated on demand)."""
+def _make_dataset(names: list[str], config: Mapping[str, Any], weights: Mapping[str, Any], seed: int):
+    """The reasoning-gym dataset object of one split (its items are generated on demand)."""
     _registry()  # reasoning-gym installed, else the error that says how to install it
     import reasoning_gym  # optional dependency: reasoning-gym
 
-    config, weights = _thaw(config) if config else {}, _thaw(weights) if weights else {}
     if len(names) == 1:
         return reasoning_gym.create_dataset(names[0], seed=seed, size=TRAIN_POOL, **config)
     from reasoning_gym.composite import DatasetSpec  # optional dependency: reasoning-gym

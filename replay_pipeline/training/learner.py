@@ -364,11 +364,9 @@ class Learner:
         if self.world_size == 1 and size >= rows:
             yield batch, temperature, 1.0
             return
-        mask = batch.completion_mask
-        if self.loss_agg == "seq_mean":
-            counts, total = (mask.sum(-1) > 0).float(), float((mask.sum(-1) > 0).sum().clamp_min(1))
-        else:
-            counts, total = mask.sum(-1), float(mask.sum().clamp_min(1.0))
+        tokens = batch.completion_mask.sum(-1)  # each row's; seq_mean counts the rows that have any
+        counts = (tokens > 0).float() if self.loss_agg == "seq_mean" else tokens
+        total = float(counts.sum().clamp_min(1.0))
         for start in range(lo, hi, size):
             cut = slice(start, min(start + size, hi))
             part = Batch(*(None if t is None else t[cut] for t in (getattr(batch, f.name) for f in fields(batch))))
@@ -423,14 +421,15 @@ class Learner:
         `accept` let it through) and the reason is kept in `refused`."""
         whole, temperature = self._prepare(rows)
         self.optimizer.zero_grad(set_to_none=True)
-        pieces = []
+        pieces, losses = [], []
         for part, part_temperature, weight in self._parts(whole, temperature):
             part_loss, (batch, m, on, out, logp, entropy, kl_ref) = self._part_loss(part, part_temperature, weight)
             if bool(on.any()):
                 part_loss.backward()  # the parts' gradients add up in .grad
-            pieces.append((part_loss.detach(), batch.behaviour_logprobs, m, on, out.ratio.detach(), out.clipped,
-                           logp.detach(), entropy.detach(), None if kl_ref is None else kl_ref.detach()))
-        sums = self._sums(pieces)
+            losses.append(part_loss.detach())
+            pieces.append((batch.behaviour_logprobs, m, on, out.ratio.detach(), out.clipped, logp.detach(),
+                           entropy.detach(), None if kl_ref is None else kl_ref.detach()))
+        sums = self._sums(pieces, losses)
         if self.world_size > 1:  # the group's gradients and sums: every rank then steps alike
             self._all_reduce_gradients()
             sums = self._all_reduce_sums(sums)
@@ -473,22 +472,21 @@ class Learner:
         self.steps += 1
         return metrics if accept is None else metrics | {"applied": 1.0}
 
-    def _sums(self, pieces: list[tuple]) -> dict[str, torch.Tensor]:
+    def _sums(self, pieces: list[tuple], losses: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """The step's diagnostics as sums over this rank's completion tokens (divided by the
-        token count once summed over the group): loss, tokens, clipped, entropy, ratio, the two
-        KL estimates, kl_ref when there is a reference, and ratio_max (a maximum)."""
+        token count once summed over the group): loss (the parts' `losses` added), tokens,
+        clipped, entropy, ratio, the two KL estimates, kl_ref when there is a reference, and
+        ratio_max (a maximum). `pieces` are the parts' columns, concatenated row-wise."""
         if not pieces:  # an empty share: nothing of this rank's, but it still takes part
             zero = torch.zeros((), device=self.device)
             out = {k: zero for k in ("loss", "tokens", "clipped", "entropy", "ratio", "kl_behaviour",
                                      "kl_behaviour_k3", "ratio_max")}
             return out | ({"kl_ref": zero} if self.reference is not None else {})
-        loss, behaviour, m, on, ratio, clipped, logp, entropy, kl_ref = (
-            column[0] if len(pieces) == 1 else (None if column[0] is None else
-                                                torch.stack(column) if column[0].dim() == 0 else torch.cat(column))
-            for column in zip(*pieces))
+        behaviour, m, on, ratio, clipped, logp, entropy, kl_ref = (
+            None if column[0] is None else torch.cat(column) for column in zip(*pieces))
         log_ratio = (logp - behaviour) * m  # log(current / behaviour)
         total = lambda x: (x.detach() * m).sum()  # noqa: E731
-        out = {"loss": loss if loss.dim() == 0 else loss.sum(), "tokens": m.sum(), "clipped": total(clipped.float()),
+        out = {"loss": torch.stack(losses).sum(), "tokens": m.sum(), "clipped": total(clipped.float()),
                "entropy": total(entropy), "ratio": total(ratio), "kl_behaviour": total(-log_ratio),
                "kl_behaviour_k3": total(torch.exp(log_ratio) - 1.0 - log_ratio),
                "ratio_max": ratio[on].max() if bool(on.any()) else torch.zeros((), device=m.device)}
