@@ -62,6 +62,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import flows  # noqa: F401  (sets Prefect's environment before prefect is imported)
@@ -454,10 +455,14 @@ def _parent_tracker(overrides: list[str], name: str, sweep_id: str, configs: dic
                             artifact_location=artifact_location(cfg, paths, uri),
                             run_name=f"{name}-{sweep_id}",
                             tags={"replay_pipeline.sweep": name, "replay_pipeline.sweep_id": sweep_id})
-    tracker.log_params({"sweep.name": name, "sweep.seeds": str(seeds),
-                        **{f"sweep.config.{k}": " ".join(v) for k, v in configs.items()},
-                        "sweep.overrides": " ".join(overrides)})
+    tracker.log_params({"sweep.name": name, **_sweep_params(configs, seeds, overrides)})
     return tracker
+
+
+def _sweep_params(configs: dict[str, list[str]], seeds: list[int], overrides: list[str]) -> dict[str, str]:
+    """The settings a sweep's parent run records (MLflow params), which a continuation must match."""
+    return {"sweep.seeds": str(seeds), **{f"sweep.config.{k}": " ".join(v) for k, v in configs.items()},
+            "sweep.overrides": " ".join(overrides)}
 
 
 def settle(grid: str | None, configs: dict[str, list[str]] | None, seeds: list[int] | None,
@@ -566,7 +571,7 @@ def _finished_summary(root: str, run_id: str) -> dict[str, Any]:
     info = read_run_info(root, run_id)
     client = MlflowClient(tracking_uri=info["mlflow_uri"])
     with tempfile.TemporaryDirectory() as tmp:
-        return json.loads(open(client.download_artifacts(info["mlflow_run_id"], "summary.json", tmp)).read())
+        return json.loads(Path(client.download_artifacts(info["mlflow_run_id"], "summary.json", tmp)).read_text())
 
 
 def continued_parent(overrides: list[str], name: str, sweep_id: str, configs: dict[str, list[str]],
@@ -590,8 +595,7 @@ def continued_parent(overrides: list[str], name: str, sweep_id: str, configs: di
         raise ConfigError(f"no sweep {name}-{sweep_id} under tracking.root_dir={cfg.tracking.root_dir} (MLflow {uri}); "
                           "give the same --name, tracking.root_dir and sweep id the sweep printed when it started")
     params = found[0].data.params
-    expected = {"sweep.seeds": str(seeds), "sweep.overrides": " ".join(overrides),
-                **{f"sweep.config.{k}": " ".join(v) for k, v in configs.items()}}
+    expected = _sweep_params(configs, seeds, overrides)
     given = {k: v for k, v in params.items() if k.startswith("sweep.") and k != "sweep.name"}
     if given != expected:
         differ = sorted(k for k in set(given) | set(expected) if given.get(k) != expected.get(k))

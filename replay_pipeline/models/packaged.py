@@ -35,6 +35,7 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import math
 import os
 import shutil
 import time
@@ -154,16 +155,9 @@ def verify(path: str | Path, spec: PackagedModel) -> dict[str, Any]:
     if problems:
         raise ValueError(f"{path} is not a good {spec.name}: " + "; ".join(problems))
     return {"layers": len(layers), "hidden_size": config["hidden_size"], "vocab_size": config["vocab_size"],
-            "parameters": sum(_numel(s) for s in shapes.values()), "tied_embeddings": True,
+            "parameters": sum(math.prod(s) for s in shapes.values()), "tied_embeddings": True,
             "eos_token": tokenizer.eos_token, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id,
             "digit_ids": [ids[0] for ids in digit_ids], "chat_template": "chatml"}
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _sha256(path: Path) -> str:

@@ -6,9 +6,10 @@ override that fixes it (flows.train turns it into exit code 2 before Prefect sta
 deployed run fails in its first task, before any model is built):
 
 - the run root can be written (`tracking.root_dir`);
-- `model.path` is a Hugging Face checkpoint directory, or a packaged model's (model.name
-  `smollm2-135m-instruct`) still to be prepared there, whose package is installed with weights and a tokenizer that loads
-  and fits the model's vocabulary (with generator.chat_template, one that has a template); the math
+- `model.path` is a Hugging Face checkpoint directory with weights and a tokenizer that loads
+  and fits the model's vocabulary (with generator.chat_template, one that has a template), or
+  a packaged model's directory (model.name `smollm2-135m-instruct`) still to be prepared,
+  whose package is installed (the run prepares it after these checks); the math
   task's data files exist and read (fields, UTF-8, enough rows); a custom task's target
   and every reward term's function (reward.terms) import;
 - a new run's `run_id` is not a run that exists; the root has room for the planned run
