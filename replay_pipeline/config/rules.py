@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LOOP_ENGINES, LOOP_MODES, LOSS_AGGREGATIONS,
-                                           TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS, AlgoConfig, Config,
+from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LEARNER_BACKENDS, LOOP_ENGINES, LOOP_MODES,
+                                           LOSS_AGGREGATIONS, TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS, AlgoConfig, Config,
                                            ConfigError, GeneratorConfig)
 from replay_pipeline.algo.reuse import RULES
 from replay_pipeline.tasks import CUSTOM, TASKS, unused_task_fields
@@ -105,6 +105,7 @@ def validate(cfg: DictConfig | Config) -> None:
          f"loop.group_size={loop.group_size}; raise loop.minibatch_size or lower loop.group_size")
     need(loop.mode in LOOP_MODES, f"loop.mode={loop.mode!r} is not one of {list(LOOP_MODES)}")
     problems.extend(_engine_problems(loop))
+    problems.extend(_learner_problems(cfg.learner, loop))
     if loop.replay_cap is not None and loop.replay_floor is not None:
         need(loop.replay_floor < loop.replay_cap,
              f"loop.replay_floor={loop.replay_floor} must be below loop.replay_cap={loop.replay_cap}, "
@@ -253,6 +254,19 @@ def _engine_problems(loop: Any) -> list[str]:
             problems.append(f"loop.dask_address={loop.dask_address!r} is not a Dask scheduler address; give "
                             "[scheme://]host:port as `dask scheduler` prints it, e.g. "
                             "loop.dask_address=tcp://10.0.0.5:8786")
+    return problems
+
+
+def _learner_problems(learner: Any, loop: Any) -> list[str]:
+    """The learner's ranks (learner.*): a backend torch.distributed has, and an engine that
+    can hold a rank (a Dask task cannot: it runs in a thread of a shared worker process)."""
+    problems = []
+    if learner.backend not in LEARNER_BACKENDS:
+        problems.append(f"learner.backend={learner.backend!r} is not one of {list(LEARNER_BACKENDS)}")
+    if learner.world_size > 1 and loop.engine == "dask":
+        problems.append(f"learner.world_size={learner.world_size} with loop.engine=dask: a learner rank is a resident "
+                        "process with its own process group, which a Dask task is not; use loop.engine=local "
+                        "(ranks as child processes) or loop.engine=ray (ranks as Ray actors)")
     return problems
 
 

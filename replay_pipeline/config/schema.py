@@ -461,6 +461,23 @@ class ReuseConfig:
 
 
 @dataclass
+class LearnerConfig:
+    """The learner's processes (replay_pipeline/run/ranks.py): one by default; with
+    `world_size` N > 1, N data-parallel ranks, each a replica of the model and its optimizer
+    training on its share of every minibatch, gradients all-reduced. Rank 0 is the flow's own
+    process; the others are started by loop.engine (local: child processes; ray: actors)."""
+    world_size: int = bounded(1, ge=1, integer=True)
+    """Data-parallel ranks (N). Each minibatch is drawn once and split by rows: keep
+    loop.minibatch_size (and algo.micro_batch_size) in mind, a rank with no rows still takes part."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (NCCL on CUDA devices, gloo otherwise), gloo or nccl."""
+    timeout: float = bounded(600.0, gt=0, finite=True, hint="seconds; longer than the slowest learner step")
+    """Seconds any collective (the start's broadcast of the weights, each step's all-reduce) may
+    take before the run stops with an error naming the ranks: a rank with a small share waits
+    in the all-reduce for the slowest, so keep it above one learner step's time."""
+
+
+@dataclass
 class Config:
     seed: int = 0
     """Seeds model init, sampling and the replay sampler; a run is reproducible from it."""
@@ -484,6 +501,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
 
 
 #: The task section's defaults: which fields a task left at them (replay_pipeline.tasks).
@@ -496,3 +514,4 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 GENERATOR_BACKENDS = ("transformers", "vllm")  # replay_pipeline.generation.build_generator
 LOOP_MODES = ("sync", "async")
 LOOP_ENGINES = ("local", "dask")
+LEARNER_BACKENDS = ("auto", "gloo", "nccl")

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from replay_pipeline.system import faults
-from replay_pipeline.buffer.schema import columns_to_table, group_rollout_ids
+from replay_pipeline.buffer.schema import columns_to_table, group_rollout_ids, make_rollout_id
 from replay_pipeline.buffer.usage import USAGE_SCHEMA, make_usage_ids
 from replay_pipeline.generation.base import Sample
 from replay_pipeline.algo.scoring import RewardTerm, check_flagged, group_advantages, score_items, warn_flagged
@@ -173,3 +173,37 @@ def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging  # transformers' own logging switch
 
     hf_logging.disable_progress_bar()
+
+
+def stored_batch(store: Any, run_id: str, settings: Any, step: int, seed: int, prompts: list[Prompt]
+                 ) -> GeneratedBatch | None:
+    """Step `step`'s rollouts of run `run_id` as stored by a process that stopped after its last
+    checkpoint (None unless all of them are stored, for these prompts): what a resumed sync run
+    reads back instead of generating them again."""
+    g = settings.loop.group_size
+    rows = store.rows_for_step(step, columns=["rollout_id", "policy_version", "prompt_id", "prompt_ids",
+                                                   "completion_ids", "behaviour_logprobs", "completion",
+                                                   "finish_reason"])
+    if rows.num_rows != len(prompts) * g:
+        return None
+    data = rows.to_pydict()
+    ids = [make_rollout_id(run_id, step, gi, si) for gi in range(len(prompts)) for si in range(g)]
+    order = {rid: i for i, rid in enumerate(data["rollout_id"])}
+    if set(order) != set(ids):
+        return None
+    samples: list[list[Sample]] = []
+    for gi, prompt in enumerate(prompts):
+        group = []
+        for si in range(g):
+            i = order[ids[gi * g + si]]
+            if data["prompt_id"][i] != prompt.prompt_id:
+                return None  # not this configuration's prompts: generate afresh
+            group.append(Sample(prompt_ids=list(data["prompt_ids"][i]),
+                                completion_ids=list(data["completion_ids"][i]),
+                                logprobs=list(data["behaviour_logprobs"][i]),
+                                text=data["completion"][i], finish_reason=data["finish_reason"][i]))
+        samples.append(group)
+    version = int(data["policy_version"][0])
+    gen = settings.generator  # a resume's generation settings are the stopped run's
+    return GeneratedBatch(step, version, seed, prompts, samples, 0.0, reused=True,
+                          temperature=float(gen.temperature), top_p=float(gen.top_p))

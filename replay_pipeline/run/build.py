@@ -25,7 +25,6 @@ from replay_pipeline.algo.compute import ComputeLedger
 from replay_pipeline.config import TASK_DEFAULTS, flatten
 from replay_pipeline.config.rules import toy_default_warnings
 from replay_pipeline.generation import build_generator
-from replay_pipeline.training.learner import Learner
 from replay_pipeline.system.lease import acquire
 from replay_pipeline.models.device import auto_threads, resolve_device
 from replay_pipeline.models.packaged import ensure_prepared
@@ -37,6 +36,7 @@ from replay_pipeline.run.lineage import (RUN_INFO, check_resume_tables, note_end
                                         restore, start_point, write_run_info)
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import preflight
+from replay_pipeline.run.ranks import LearnerRanks, launch_processes, learner_kwargs, make_learner
 from replay_pipeline.run.replay import ReplaySampler
 from replay_pipeline.run.settings import Settings, build_settings
 from replay_pipeline.system.runs import RunPaths, new_run_id
@@ -126,42 +126,61 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
     generator = build_generator(settings.generator, model, tokenizer, checkpoint_dir=policy_info.get("path"))
     if callable(getattr(generator, "share_weights", None)):  # not across a separate engine (vLLM)
         generator.share_weights(model)  # the learner's updates are the generator's (no copy per round)
-    learner = _learner(settings, model, generator.pad_id)
+    kwargs = learner_kwargs(settings, generator.pad_id)
+    watch = settings.reuse.group if settings.reuse.rule == "grad_spike" else None  # grad_spike's signal
+    ranks = _start_ranks(settings, log) if settings.learner.world_size > 1 else None
+    try:  # the other ranks stopped if the build fails
+        learner = make_learner(model, kwargs, watch, None if ranks is None else ranks.group)
 
-    resolved = settings.container()
-    if mode != "resume" or not tracker.params():  # a resume of a run stopped in its warm start too
-        tracker.log_params({**flatten(resolved), "policy.parameters": learner.num_parameters(),
-                            **{f"policy.{k}": v for k, v in policy_info.items()}})
-        tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
-        tracker.set_tags({"host.python": platform.python_version(), "host.torch": torch.__version__})
+        resolved = settings.container()
+        if mode != "resume" or not tracker.params():  # a resume of a run stopped in its warm start too
+            tracker.log_params({**flatten(resolved), "policy.parameters": learner.num_parameters(),
+                                **{f"policy.{k}": v for k, v in policy_info.items()}})
+            tracker.log_text(OmegaConf.to_yaml(resolved), "config.yaml")
+            tracker.set_tags({"host.python": platform.python_version(), "host.torch": torch.__version__})
 
-    accounting = Accounting(ComputeLedger(parameters=learner.num_parameters()), async_loop=settings.async_loop)
-    policy_version, start_step, history = 0, 0, {}
-    if start is not None:
-        start_step, policy_version, history = restore(learner, generator, accounting.ledger, settings.algo, *start)
-    b = settings.buffer
-    cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS],
-                        keep=settings.window_size + 4 * settings.rollouts_per_step, shared=settings.async_loop,
-                        prefetch=settings.async_loop and b.read_ahead) if b.read_cache else None
-    tables = RunTables(store, usage, compact_every=b.compact_every, shared=settings.async_loop,
-                       write_behind=b.write_behind, cache=cache,
-                       commit_seconds=b.commit_seconds)
-    run = TrainingRun(settings=settings, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
-                      learner=learner, tables=tables, tracker=tracker, accounting=accounting,
-                      sampler=ReplaySampler(tables, b, settings.loop, settings.seed, settings.window_size,
-                                            settings.sampling_rules, updates=settings.updates_drawn),
-                      heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage,
-                      policy_version=policy_version, start_step=start_step, history=history, reward_terms=terms)
-    if settings.async_loop:
-        _start_async(run, mode)
-    else:
-        run.stored_through = store.max_step() if mode != "new" else -1
-        run.sampler.used_through = usage.max_learner_step() if mode != "new" else -1
-        run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
-    if mode != "new":
-        log(f"{mode} {run.run_id} at step {run.start_step} (policy version {run.policy_version}): "
-            + _kept(run))
-    return run
+        accounting = Accounting(ComputeLedger(parameters=learner.num_parameters()), async_loop=settings.async_loop)
+        policy_version, start_step, history = 0, 0, {}
+        if start is not None:
+            start_step, policy_version, history = restore(learner, generator, accounting.ledger, settings.algo, *start)
+        b = settings.buffer
+        cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS],
+                            keep=settings.window_size + 4 * settings.rollouts_per_step, shared=settings.async_loop,
+                            prefetch=settings.async_loop and b.read_ahead) if b.read_cache else None
+        tables = RunTables(store, usage, compact_every=b.compact_every, shared=settings.async_loop,
+                           write_behind=b.write_behind, cache=cache,
+                           commit_seconds=b.commit_seconds)
+        run = TrainingRun(settings=settings, paths=paths, task=task, tokenizer=tokenizer, generator=generator,
+                          learner=learner, tables=tables, tracker=tracker, accounting=accounting,
+                          sampler=ReplaySampler(tables, b, settings.loop, settings.seed, settings.window_size,
+                                                settings.sampling_rules, updates=settings.updates_drawn),
+                          heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage,
+                          policy_version=policy_version, start_step=start_step, history=history, reward_terms=terms)
+        if settings.async_loop:
+            _start_async(run, mode)
+        else:
+            run.stored_through = store.max_step() if mode != "new" else -1
+            run.sampler.used_through = usage.max_learner_step() if mode != "new" else -1
+            run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
+        if ranks is not None:  # after the restore: every rank starts from rank 0's state
+            ranks.begin(learner, model.config.to_dict(), kwargs, watch)
+            run.ranks = ranks
+        if mode != "new":
+            log(f"{mode} {run.run_id} at step {run.start_step} (policy version {run.policy_version}): "
+                + _kept(run))
+        return run
+    except BaseException:
+        if ranks is not None:
+            ranks.close()
+        raise
+
+
+def _start_ranks(settings: Settings, log: Callable[[str], Any]) -> LearnerRanks:
+    """The learner's other data-parallel ranks (learner.world_size - 1), started by
+    loop.engine and joined in one process group with this process as rank 0."""
+    ln = settings.learner
+    return LearnerRanks.start(ln.world_size, ln.timeout, ln.backend, resolve_device(settings.model.device),
+                              settings.model.torch_threads, launch_processes, log=log)
 
 
 def _kept(run: TrainingRun) -> str:
@@ -172,18 +191,6 @@ def _kept(run: TrainingRun) -> str:
                 "replay steps: its generators go on from the newest weights)")
     steps = max(run.stored_through - run.start_step + 1, 0)
     return f"{steps} steps of rollouts already stored will be reused, not regenerated"
-
-
-def _learner(settings: Settings, model: Any, pad_id: int) -> Learner:
-    a = settings.algo
-    learner = Learner(model, objective=a.objective, lr=a.lr, objective_params=dict(settings.objective_params),
-                      kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
-                      max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
-                      betas=(a.adam_beta1, a.adam_beta2), temperature=settings.generator.temperature, pad_id=pad_id,
-                      micro_batch_size=a.micro_batch_size)
-    if settings.reuse.rule == "grad_spike":  # its signal: the watched group's gradient norm
-        learner.watch(settings.reuse.group)
-    return learner
 
 
 def _start_async(run: TrainingRun, mode: str) -> None:

@@ -36,21 +36,20 @@ import pyarrow as pa
 
 from replay_pipeline.system import faults, stopping
 from replay_pipeline.buffer import RolloutStore
-from replay_pipeline.buffer.schema import make_rollout_id
 from replay_pipeline.buffer.tables import RunTables
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.training.checkpoints import checkpoint_name, checkpoint_step, list_checkpoints, save_checkpoint
 from replay_pipeline.algo.compute import ComputeLedger
 from replay_pipeline.training.evaluation import default_ks, evaluate_greedy, evaluate_pass1, evaluate_sampled
-from replay_pipeline.generation import Sample
 from replay_pipeline.training.learner import Learner
 from replay_pipeline.models.loading import load_pretrained
 from replay_pipeline.algo.reuse import apply_updates
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import (SEED_EVAL, GeneratedBatch, generate_batch, score_batch, step_prompts,
-                                         step_seed, usage_table)
+                                         step_seed, stored_batch, usage_table)
 from replay_pipeline.run.files import AsyncDir
 from replay_pipeline.run.lineage import checkpoint_state, json_dumps, note_end
+from replay_pipeline.run.ranks import LearnerRanks
 from replay_pipeline.run.replay import ReplaySampler
 from replay_pipeline.run.settings import Settings
 from replay_pipeline.system.runs import RunPaths
@@ -92,6 +91,8 @@ class TrainingRun:
     """Adaptive reuse: why the last round stopped taking updates ("cap": it took every one drawn)."""
     reward_terms: list[Any] = field(default_factory=list)
     """The weighted reward terms added to the verifier in training (reward.terms; scoring.RewardTerm)."""
+    ranks: LearnerRanks | None = None
+    """learner.world_size > 1: the other data-parallel ranks (run/ranks.py), given each round."""
 
     @property
     def run_id(self) -> str:
@@ -118,41 +119,10 @@ class TrainingRun:
         """Sample G completions for each of this step's prompts with the published policy."""
         if step <= self.stored_through:
             prompts, seed = step_prompts(self.task, self.settings, step)
-            stored = self._stored_batch(step, seed, prompts)
+            stored = stored_batch(self.store, self.run_id, self.settings, step, seed, prompts)
             if stored is not None:
                 return stored
         return generate_batch(self.task, self.generator, self.settings, step)
-
-    def _stored_batch(self, step: int, seed: int, prompts: list[Prompt]) -> GeneratedBatch | None:
-        """This step's rollouts as stored by a process that stopped after its last checkpoint
-        (None unless all of them are stored, for these prompts)."""
-        g = self.settings.loop.group_size
-        rows = self.store.rows_for_step(step, columns=["rollout_id", "policy_version", "prompt_id", "prompt_ids",
-                                                       "completion_ids", "behaviour_logprobs", "completion",
-                                                       "finish_reason"])
-        if rows.num_rows != len(prompts) * g:
-            return None
-        data = rows.to_pydict()
-        ids = [make_rollout_id(self.run_id, step, gi, si) for gi in range(len(prompts)) for si in range(g)]
-        order = {rid: i for i, rid in enumerate(data["rollout_id"])}
-        if set(order) != set(ids):
-            return None
-        samples: list[list[Sample]] = []
-        for gi, prompt in enumerate(prompts):
-            group = []
-            for si in range(g):
-                i = order[ids[gi * g + si]]
-                if data["prompt_id"][i] != prompt.prompt_id:
-                    return None  # not this configuration's prompts: generate afresh
-                group.append(Sample(prompt_ids=list(data["prompt_ids"][i]),
-                                    completion_ids=list(data["completion_ids"][i]),
-                                    logprobs=list(data["behaviour_logprobs"][i]),
-                                    text=data["completion"][i], finish_reason=data["finish_reason"][i]))
-            samples.append(group)
-        version = int(data["policy_version"][0])
-        gen = self.settings.generator  # a resume's generation settings are the stopped run's
-        return GeneratedBatch(step, version, seed, prompts, samples, 0.0, reused=True,
-                              temperature=float(gen.temperature), top_p=float(gen.top_p))
 
     def score(self, batch: GeneratedBatch) -> tuple[pa.Table, dict[str, float]]:
         """Reward every completion with the task's verifier, freeze group advantages, and
@@ -212,7 +182,8 @@ class TrainingRun:
         weights then does not compete with the usage records' commit on the writer thread.)"""
         start = time.perf_counter()
         first_learner_step = self.learner.steps
-        per_step, refused = apply_updates(self.learner, minibatches, self.settings.reuse_policy)
+        updates = apply_updates if self.ranks is None else self.ranks.round  # all ranks apply them
+        per_step, refused = updates(self.learner, minibatches, self.settings.reuse_policy)
         minibatches = minibatches[:len(per_step)]  # the applied ones: their rollouts were used
         train_seconds = time.perf_counter() - start
         publish_start = time.perf_counter()
@@ -382,7 +353,7 @@ class TrainingRun:
     def finish(self, status: str = "FINISHED") -> None:
         """End the run: the mirror and the writer thread (a failed last write turns FINISHED
         into FAILED), the published weights, the MLflow run's `status`; then close the
-        generator (a vLLM engine's GPU memory) and give the run lease back, even if that failed."""
+        generator (a vLLM engine's GPU memory) and the other ranks, and give the run lease back."""
         try:
             if not self.tables.close(run_id=self.run_id) and status == "FINISHED":
                 status = "FAILED"
@@ -394,6 +365,8 @@ class TrainingRun:
         finally:
             try:
                 self.generator.close()
+                if self.ranks is not None:
+                    self.ranks.close()
             finally:
                 if self.lease is not None:
                     self.lease.release()

@@ -70,6 +70,7 @@ class Settings:
     tracking: Any
     reward: Any
     reuse: Any
+    learner: Any
     resolved: Mapping[str, Any]
     """The resolved configuration as plain data (read-only), run_id included."""
     config_hash: str

@@ -19,6 +19,8 @@ The points (see TrainingRun and the loop):
                       sampled parts
     checkpoint_write  with every checkpoint file written but the directory not yet renamed
     after_checkpoint  after the checkpoint is in place, before MLflow hears of it
+    learner_rank      in a learner rank other than 0 (learner.world_size > 1), before it applies
+                      the round whose first learner step is <step> (rank 0 is the flow's process)
 
 For checkpoints, ``step`` is the number of steps done (the checkpoint's name). Unset, a
 point costs two dictionary lookups.
@@ -36,7 +38,7 @@ ENV = "REPLAY_PIPELINE_CRASH_AT"
 SIGNAL_ENV = "REPLAY_PIPELINE_SIGNAL_AT"
 SIGNAL_LOG_ENV = "REPLAY_PIPELINE_SIGNAL_LOG"
 POINTS = ("warm_start", "generate", "after_append", "between_tasks", "evaluate", "checkpoint_write",
-          "after_checkpoint")
+          "after_checkpoint", "learner_rank")
 
 
 def crash_point(point: str, step: int) -> None:
@@ -51,7 +53,7 @@ def crash_point(point: str, step: int) -> None:
         if log:
             with open(log, "w") as f:
                 f.write(f"{time.time()}\n")
-        if sig == signal.SIGINT:
+        if sig == signal.SIGINT:  # SIGSTOP is allowed too: a process that stops answering
             os.killpg(os.getpgrp(), sig)
         else:
             os.kill(os.getpid(), sig)

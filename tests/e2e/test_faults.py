@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.training.checkpoints import checkpoint_step
-from replay_pipeline.system.faults import ENV
+from replay_pipeline.system.faults import ENV, SIGNAL_ENV
 from tests.conftest import ROOT, TINY_OVERRIDES
 from tests.servers import prefect_env
 
@@ -34,20 +34,24 @@ def command(root: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", *extra]
 
 
-def env_for(root: Path, crash: str | None = None) -> dict[str, str]:
+def env_for(root: Path, crash: str | None = None, signal_at: str | None = None) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect")}
     env.pop(ENV, None)
+    env.pop(SIGNAL_ENV, None)
     if crash:
         env[ENV] = crash
+    if signal_at:
+        env[SIGNAL_ENV] = signal_at
     return env
 
 
-def train(root: Path, *extra: str, crash: str | None = None, own_server: bool = False) -> subprocess.CompletedProcess:
+def train(root: Path, *extra: str, crash: str | None = None, own_server: bool = False,
+          signal_at: str | None = None) -> subprocess.CompletedProcess:
     """Run the CLI in its own process group, on the root's shared Prefect server
     (tests/servers.py) unless `own_server`. Whatever the killed trainer started is killed with
     its group, and output goes to files so no orphan holds a pipe open."""
     out, err = root / "stdout.txt", root / "stderr.txt"
-    env = env_for(root, crash) | ({} if own_server else prefect_env(root / ".prefect"))
+    env = env_for(root, crash, signal_at) | ({} if own_server else prefect_env(root / ".prefect"))
     with out.open("w") as fo, err.open("w") as fe:
         proc = subprocess.Popen(command(root, *extra), cwd=ROOT, env=env, stdout=fo,
                                 stderr=fe, text=True, start_new_session=True)
