@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
 
 from replay_pipeline.models.tiny import build_tiny_model, build_tokenizer
 from replay_pipeline.training.learner import Learner
@@ -74,10 +75,12 @@ def _rank(rank: int, init: str, rows: dict, out: str) -> None:
             learner.gradient(rows)
         # A checkpoint from the first case's ranks (3 steps on 10 rows), read back into fresh ranks.
         learner, _ = _train(rows, group)
+        assert learner.model.lm_head.weight is learner.model.model.embed_tokens.weight  # still tied, sharded
         saved = {"model": full_model_state(learner.model),
                  "optimizer": full_optimizer_state(learner.model, learner.optimizer)}
         if rank == 0:
             torch.save(saved, f"{out}/checkpoint.pt")
+            learner.model.save_pretrained(f"{out}/hf", state_dict=saved["model"])  # as save_checkpoint writes it
         dist.barrier()
         fresh = _learner(group)
         results["before_first_step"] = full_optimizer_state(fresh.model, fresh.optimizer)
@@ -159,7 +162,8 @@ def test_gathered_state_is_one_process_state(ranks):
 
 
 def test_checkpoint_loads_into_one_process_and_into_sharded_ranks(ranks):
-    """The gathered checkpoint, loaded into fresh sharded ranks, gathers back bit for bit; one
+    """The gathered checkpoint, loaded into fresh sharded ranks, gathers back bit for bit; written
+    by the sharded model's save_pretrained, it is a Hugging Face directory of those weights; one
     more step from it on the sharded ranks and on a fresh one-process learner (load_state_dict,
     strict) agree within WEIGHT_TOLERANCE, diagnostics within 1e-5."""
     (first, _), rows, out = ranks
@@ -170,6 +174,9 @@ def test_checkpoint_loads_into_one_process_and_into_sharded_ranks(ranks):
     assert reloaded["optimizer"]["param_groups"] == ckpt["optimizer"]["param_groups"]
     for index, state in ckpt["optimizer"]["state"].items():
         assert all(torch.equal(reloaded["optimizer"]["state"][index][k], v) for k, v in state.items())
+    hf = AutoModelForCausalLM.from_pretrained(out / "hf")
+    assert hf.config.architectures == ["LlamaForCausalLM"]  # not the FSDP-wrapped class's name
+    assert all(torch.equal(hf.state_dict()[k], v) for k, v in ckpt["model"].items())
     one = _learner()
     one.model.load_state_dict(ckpt["model"])
     one.optimizer.load_state_dict(ckpt["optimizer"])
