@@ -21,10 +21,12 @@ state on rank 0, in exactly the format a one-process learner's `model.state_dict
 so a checkpoint written from it loads in a one-process run, in evaluation and as a Hugging
 Face directory; and the inverse, a one-process state loaded into the sharded ranks.
 
-Every function here except `shard_model` is a collective over the learner's group: every rank
-must call it, in the same order, or the others wait (on gloo, for the group's timeout). They
-run over torch's default process group (torch.distributed.checkpoint's gather and broadcast
-use it), so `shard_model` refuses a group that is not the whole default group.
+`full_model_state`, `full_optimizer_state` and `load_full_state` are collectives over the
+learner's group: every rank must call them, in the same order, or the others wait (for the
+process group's timeout). They run over torch's default process group (torch.distributed.
+checkpoint's gather and broadcast use it), so `shard_model` refuses a group that is not the
+whole default group. `shard_model` is not a collective, but every rank must shard the same model
+the same way; `unsharded` is one exactly when its DTensor is not already replicated.
 """
 
 from __future__ import annotations

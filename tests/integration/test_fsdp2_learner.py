@@ -1,7 +1,9 @@
 """The learner sharded with FSDP2 (Learner(group=..., shard="fsdp2"), issue 47 item 2): two
 processes on a real gloo process group, each holding half of every parameter, gradient and
 AdamW moment, take the update one process takes at the same global batch; the whole state
-gathered onto rank 0 is a one-process learner's, and it loads back into sharded ranks.
+gathered onto rank 0 is a one-process learner's, and it loads back into sharded ranks. What is
+refused is refused with a ValueError on every rank that would otherwise wait: gradient(), a
+group smaller than the default one, another model's checkpoint.
 
 One spawn of two ranks runs every scenario (starting ranks costs most of this file's time);
 the tests read what the ranks saved. Tolerances:
@@ -73,6 +75,10 @@ def _rank(rank: int, init: str, rows: dict, out: str) -> None:
             results[name] = {"metrics": metrics, "weights": learner.state_dict()}  # rank 0's, whole
         with pytest.raises(ValueError, match="refused under shard='fsdp2'"):
             learner.gradient(rows)
+        alone = dist.new_group([0])  # every rank creates it; rank 0 is its only member
+        if rank == 0:
+            with pytest.raises(ValueError, match="whole default process group"):
+                _learner(alone)
         # A checkpoint from the first case's ranks (3 steps on 10 rows), read back into fresh ranks.
         learner, _ = _train(rows, group)
         assert learner.model.lm_head.weight is learner.model.model.embed_tokens.weight  # still tied, sharded
@@ -89,6 +95,11 @@ def _rank(rank: int, init: str, rows: dict, out: str) -> None:
                         results["before_first_step"] if rank == 0 else None)
         assert not fresh.optimizer.state
         ckpt = torch.load(f"{out}/checkpoint.pt", weights_only=True) if rank == 0 else None
+        if rank == 0:  # another model's optimizer state (one parameter fewer)
+            other = {"state": {}, "param_groups": [g | {"params": g["params"][:-1]}
+                                                   for g in ckpt["optimizer"]["param_groups"]]}
+        with pytest.raises(ValueError, match="not this model's checkpoint"):  # on every rank: none waits
+            load_full_state(fresh.model, fresh.optimizer, ckpt and ckpt["model"], other if rank == 0 else None)
         load_full_state(fresh.model, fresh.optimizer, ckpt and ckpt["model"], ckpt and ckpt["optimizer"])
         results["reloaded"] = {"model": full_model_state(fresh.model),
                                "optimizer": full_optimizer_state(fresh.model, fresh.optimizer)}
