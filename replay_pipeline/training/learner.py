@@ -26,18 +26,21 @@ micro-batches computes exactly as a plain step. The group runs in one of two mod
   (about 16 bytes a parameter in float32: SmolLM2-135M's 2 GB, not a 7B model's 112 GB): one
   collective a step, no gathering of weights, and every rank has the weights to publish.
 - "fsdp2": the model is sharded with FSDP2 (replay_pipeline.training.sharding); each rank holds
-  1/N of the weights, gradients and AdamW moments, all-gathers a block's weights for its
-  forward and backward, and reduce-scatters its gradients; the KL reference is sharded the same
-  way. Right where they do not fit one device; it costs up to two all-gathers per block and part
-  (forward, backward; the reference's forward one more) and one reduce-scatter per block and
-  step. Every forward and backward is then a collective, so every rank runs as many
-  parts as the first (a rank with a short or empty share runs parts with no completion token,
-  which add nothing); micro-batches accumulate unsharded gradients without communication
-  (`set_requires_gradient_sync`) and reduce-scatter once, on the last. Clipping uses the whole
-  model's norm (clip_grad_norm_ on the sharded gradients all-reduces it). The whole weights and
-  optimizer state for checkpoints and publication are gathered onto rank 0 by the sharding
-  module's collectives (`state_dict()` is one), in the one-process format. `gradient()` is
-  refused (the gradient exists only as shards); `watch()` works (its norm is all-reduced).
+  1/N of the weights, gradients and AdamW moments, all-gathers a block's weights for its forward
+  and backward, and reduce-scatters its gradients; the KL reference is sharded the same way.
+  Right where they do not fit one device; it costs up to two all-gathers per block and part
+  (forward, backward; the reference's forward one more) and a reduce-scatter per block and part.
+  Every forward and backward is then a collective, so every rank runs as many parts as the
+  first (a rank with a short or empty share runs parts with no completion token, which add
+  nothing). Micro-batches reduce-scatter after each part and add up in the sharded gradients
+  (FSDP2's default and torchtitan's, its authors' advice where memory is the limit): holding
+  the sync until the last part (`set_requires_gradient_sync`) would save parts - 1
+  reduce-scatters a step but keep a whole unsharded gradient on every rank, as large as the
+  whole float32 weights. Clipping uses the whole model's norm (clip_grad_norm_ on
+  the sharded gradients all-reduces it). The whole weights and optimizer state for checkpoints
+  and publication are gathered onto rank 0 by the sharding module's collectives (`state_dict()`
+  is one), in the one-process format. `gradient()` is refused (the gradient exists only as
+  shards); `watch()` works (its norm is all-reduced).
   Tested: tests/integration/test_fsdp2_learner.py (2 ranks against one process).
 
 Every step returns diagnostics (the trainer logs them as learn/<name>): loss, entropy,
@@ -484,14 +487,10 @@ class Learner:
         whole, temperature = self._prepare(rows)
         self.optimizer.zero_grad(set_to_none=True)
         pieces, losses = [], []
-        parts = list(self._parts(whole, temperature))
-        for i, (part, part_temperature, weight) in enumerate(parts):
+        for part, part_temperature, weight in self._parts(whole, temperature):
             part_loss, (batch, m, on, out, logp, entropy, kl_ref) = self._part_loss(part, part_temperature, weight)
-            if self.sharded:  # every part's backward, on every rank: the last one reduce-scatters the sum
-                self.model.set_requires_gradient_sync(i == len(parts) - 1)
-                part_loss.backward()
-            elif bool(on.any()):
-                part_loss.backward()  # the parts' gradients add up in .grad
+            if self.sharded or bool(on.any()):  # (FSDP2: every part's backward is a collective, on every rank)
+                part_loss.backward()  # the parts' gradients add up in .grad (FSDP2: in the sharded .grad)
             losses.append(part_loss.detach())
             pieces.append((batch.behaviour_logprobs, m, on, out.ratio.detach(), out.clipped, logp.detach(),
                            entropy.detach(), None if kl_ref is None else kl_ref.detach()))
