@@ -19,9 +19,29 @@ diagnostics' sums are summed over the group before clipping and the step). Eithe
 aggregated loss is weighted by its share of the whole minibatch's tokens (or sequences), so the
 update is one process's on the whole minibatch up to float rounding (tests: the unit test of
 micro-batches, tests/integration/test_data_parallel_learner.py); one process without
-micro-batches computes exactly as a plain step. Gradients go over the group as one flat all-reduce
-(what DDP does, without its wrapper or bucketing): every rank keeps the whole model and its
-optimizer state, which suits a model that fits one device; sharding them (FSDP2) is for larger ones.
+micro-batches computes exactly as a plain step. The group runs in one of two modes (`shard`):
+- replicated (None, the default): every rank keeps the whole model and its optimizer state, and
+  the gradients go over the group as one flat all-reduce (what DDP does, without its wrapper or
+  bucketing). Right where the model, its gradients and AdamW's two moments fit one device
+  (about 16 bytes a parameter in float32: SmolLM2-135M's 2 GB, not a 7B model's 112 GB): one
+  collective a step, no gathering of weights, and every rank has the weights to publish.
+- "fsdp2": the model is sharded with FSDP2 (replay_pipeline.training.sharding); each rank holds
+  1/N of the weights, gradients and AdamW moments, all-gathers a block's weights for its forward
+  and backward, and reduce-scatters its gradients; the KL reference is sharded the same way.
+  Right where they do not fit one device; it costs up to two all-gathers per block and part
+  (forward, backward; the reference's forward one more) and a reduce-scatter per block and part.
+  Every forward and backward is then a collective, so every rank runs as many parts as the
+  first (a rank with a short or empty share runs parts with no completion token, which add
+  nothing). Micro-batches reduce-scatter after each part and add up in the sharded gradients
+  (FSDP2's default and torchtitan's, its authors' advice where memory is the limit): holding
+  the sync until the last part (`set_requires_gradient_sync`) would save parts - 1
+  reduce-scatters a step but keep a whole unsharded gradient on every rank, as large as the
+  whole float32 weights. Clipping uses the whole model's norm (clip_grad_norm_ on
+  the sharded gradients all-reduces it). The whole weights and optimizer state for checkpoints
+  and publication are gathered onto rank 0 by the sharding module's collectives (`state_dict()`
+  is one), in the one-process format. `gradient()` is refused (the gradient exists only as
+  shards); `watch()` works (its norm is all-reduced).
+  Tested: tests/integration/test_fsdp2_learner.py (2 ranks against one process).
 
 Every step returns diagnostics (the trainer logs them as learn/<name>): loss, entropy,
 clip_frac and truncated_frac (the same number: the fraction of completion tokens whose
@@ -66,6 +86,7 @@ import torch.distributed as dist
 from replay_pipeline.algo.bounds import Bound
 from replay_pipeline.algo.objectives import (OBJECTIVES, LossInputs, aggregate, get_objective,
                                         kl_penalty, objective_param_names)
+from replay_pipeline.training.sharding import SHARD_MODES, full_model_state, shard_model, unsharded
 
 
 #: The learner's own bounds, stated once: the algo.* configuration fields of the same name
@@ -92,6 +113,25 @@ class Batch:
         """The minibatch on `device` (the model's); on the CPU, the same tensors."""
         tensors = (getattr(self, f.name) for f in fields(self))
         return Batch(*(None if t is None else t.to(device) for t in tensors))
+
+
+def _rows(batch: Batch, cut: slice) -> Batch:
+    """Rows `cut` of a Batch."""
+    return Batch(*(None if t is None else t[cut] for t in (getattr(batch, f.name) for f in fields(batch))))
+
+
+def _row_temperature(temperature: float | torch.Tensor, cut: slice) -> float | torch.Tensor:
+    """Rows `cut` of a per-row temperature (one temperature for every row: itself)."""
+    return temperature[cut] if isinstance(temperature, torch.Tensor) else temperature
+
+
+def _filler(batch: Batch) -> Batch:
+    """The first row of `batch` with no completion token: a part that runs the model's forward
+    and backward (FSDP2's collectives) and adds nothing to the loss, its gradient or the sums."""
+    row = _rows(batch, slice(0, 1))
+    row.completion_mask = torch.zeros_like(row.completion_mask)
+    row.behaviour_logprobs = torch.zeros_like(row.behaviour_logprobs)
+    return row
 
 
 def _optional_vector(values: Sequence[float] | None) -> torch.Tensor | None:
@@ -215,7 +255,8 @@ class Learner:
                  entropy_coef: float = 0.0, loss_agg: str = "token_mean",
                  max_grad_norm: float = 1.0, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), temperature: float = 1.0,
-                 pad_id: int = 0, micro_batch_size: int | None = None, group: Any = None):
+                 pad_id: int = 0, micro_batch_size: int | None = None, group: Any = None,
+                 shard: str | None = None):
         """`objective_params` holds hyper-parameters for any objective (eps_low, eps_high,
         delta_v, tis_cap); the chosen objective gets the ones it declares and the rest are
         ignored, so one config serves every objective. `eps_low` / `eps_high` keywords are
@@ -226,7 +267,16 @@ class Learner:
         parallel: every rank holds the same weights and is given the same whole minibatch,
         trains on its contiguous share of the rows, and the gradients are summed over the
         group before clipping and the step, so every rank takes the update one process would;
-        None: one process)."""
+        None: one process). `shard`: None (each rank of `group` keeps the whole model and
+        optimizer state) or "fsdp2" (the model, and the reference with kl_coef > 0, are sharded
+        over `group` with FSDP2, replay_pipeline.training.sharding: each rank keeps a shard of
+        the weights, gradients and AdamW moments)."""
+        if shard not in SHARD_MODES:
+            raise ValueError(f"shard={shard!r} is not one of {list(SHARD_MODES)}; None keeps the whole model on "
+                             "every rank, 'fsdp2' shards it over the group")
+        if shard is not None and group is None:
+            raise ValueError(f"shard={shard!r} shards the model over a process group; pass group= (e.g. "
+                             "torch.distributed.group.WORLD after init_process_group), or shard=None for one process")
         if micro_batch_size is not None and (isinstance(micro_batch_size, bool) or int(micro_batch_size) < 1):
             raise ValueError(f"micro_batch_size={micro_batch_size!r} must be an integer >= 1 (or None)")
         self.micro_batch_size = None if micro_batch_size is None else int(micro_batch_size)
@@ -245,6 +295,11 @@ class Learner:
         self.reference = None
         if kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.sharded = shard is not None
+        if self.sharded:  # the reference the same way: a model too large for one device is not held whole twice
+            shard_model(model, group)
+            if self.reference is not None:
+                shard_model(self.reference, group, frozen=True)
         self.loss_agg = loss_agg
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature
@@ -356,7 +411,10 @@ class Learner:
         `batch` (rows in order; one part, the batch itself with weight 1, for one process
         without micro_batch_size): the weight makes the parts' aggregated losses, over every
         rank, sum to the whole minibatch's (loss_agg's denominator is the whole minibatch's
-        token or sequence count). A rank whose share is empty (fewer rows than ranks) has none."""
+        token or sequence count). A rank whose share is empty (fewer rows than ranks) has none,
+        except under FSDP2, where every forward and backward is a collective (all-gathers and
+        reduce-scatters): there each rank runs as many parts as the first rank does, padding its
+        own with `_filler` parts."""
         rows = batch.input_ids.shape[0]
         share = -(-rows // self.world_size)  # this rank's contiguous rows: [lo, hi)
         lo, hi = min(self.rank * share, rows), min((self.rank + 1) * share, rows)
@@ -369,10 +427,12 @@ class Learner:
         total = float(counts.sum().clamp_min(1.0))
         for start in range(lo, hi, size):
             cut = slice(start, min(start + size, hi))
-            part = Batch(*(None if t is None else t[cut] for t in (getattr(batch, f.name) for f in fields(batch))))
             part_total = float(counts[cut].sum())
             weight = part_total / total if part_total > 0 else 0.0
-            yield part, temperature[cut] if isinstance(temperature, torch.Tensor) else temperature, weight
+            yield _rows(batch, cut), _row_temperature(temperature, cut), weight
+        if self.sharded:
+            for _ in range(-(-(hi - lo) // size), -(-share // (self.micro_batch_size or share))):
+                yield _filler(batch), _row_temperature(temperature, slice(0, 1)), 0.0
 
     def _part_loss(self, batch: Batch, temperature: float | torch.Tensor, weight: float = 1.0):
         """_loss on a Batch (a minibatch or one of its parts), the aggregated loss times `weight`."""
@@ -403,7 +463,12 @@ class Learner:
     def gradient(self, rows: Mapping[str, Sequence[Any]]) -> list[torch.Tensor]:
         """The loss's gradient on a minibatch, one tensor a parameter (zeros where it has
         none), without clipping, without a step, the model's own .grad left untouched: what
-        replay_pipeline/run/measure.py takes for each rollout."""
+        replay_pipeline/run/measure.py takes for each rollout. One process or a replicated rank
+        only: under FSDP2 a gradient exists only as shards, reduced over the group in backward."""
+        if self.sharded:
+            raise ValueError("Learner.gradient() is refused under shard='fsdp2' (the gradient exists only as "
+                             "shards reduce-scattered in backward); measure per-rollout gradients with a "
+                             "one-process Learner (shard=None) on the gathered weights")
         loss, _ = self._loss(rows)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not loss.requires_grad:  # only empty completions
@@ -424,24 +489,26 @@ class Learner:
         pieces, losses = [], []
         for part, part_temperature, weight in self._parts(whole, temperature):
             part_loss, (batch, m, on, out, logp, entropy, kl_ref) = self._part_loss(part, part_temperature, weight)
-            if bool(on.any()):
-                part_loss.backward()  # the parts' gradients add up in .grad
+            if self.sharded or bool(on.any()):  # (FSDP2: every part's backward is a collective, on every rank)
+                part_loss.backward()  # the parts' gradients add up in .grad (FSDP2: in the sharded .grad)
             losses.append(part_loss.detach())
             pieces.append((batch.behaviour_logprobs, m, on, out.ratio.detach(), out.clipped, logp.detach(),
                            entropy.detach(), None if kl_ref is None else kl_ref.detach()))
         sums = self._sums(pieces, losses)
         if self.world_size > 1:  # the group's gradients and sums: every rank then steps alike
-            self._all_reduce_gradients()
+            if not self.sharded:  # (FSDP2's backward has reduce-scattered them)
+                self._all_reduce_gradients()
             sums = self._all_reduce_sums(sums)
         learned = bool(sums["tokens"] > 0)
         group_norm = 0.0
         if learned:
             if self.watched:
-                group_norm = float(torch.linalg.vector_norm(torch.stack(
+                group_norm = float(unsharded(torch.linalg.vector_norm(torch.stack(
                     [torch.linalg.vector_norm(p.grad) for p in self.watched if p.grad is not None] or
-                    [torch.zeros(())])))
+                    [torch.zeros(())]))))
             norm_cap = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm_cap)
+            # on FSDP2's sharded gradients: the whole model's norm, replicated (an all-reduce)
+            grad_norm = unsharded(torch.nn.utils.clip_grad_norm_(self.model.parameters(), norm_cap))
         else:  # only empty completions: nothing to learn, and no momentum-only update
             grad_norm = torch.zeros(())
         tokens = sums["tokens"].clamp_min(1.0)
@@ -514,7 +581,11 @@ class Learner:
         return dict(zip(keys, flat)) | {"ratio_max": top}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Weights to publish to the generator (detached copies, safe to load elsewhere)."""
+        """Weights to publish to the generator (detached copies, safe to load elsewhere). Under
+        FSDP2 a collective every rank must call (sharding.full_model_state): the whole weights
+        on rank 0, on the CPU, and an empty dict on the other ranks."""
+        if self.sharded:
+            return full_model_state(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
