@@ -846,7 +846,9 @@ def _fmt(value: float | None, spec: str = ".3f", missing: str = "-") -> str:
 
 def _table(summary: dict[str, Any]) -> str:
     ms = measures(summary["projection_mu"])
-    head = ["config", "runs", "peak acc", "final acc", "pass@1", "pass@16"]
+    # pass@1 and the largest k the runs sampled (loop.eval_samples), at the last step it was logged
+    top = max((int(k) for c in summary["configs"].values() for k in c["final_pass_at_k"]), default=16)
+    head = ["config", "runs", "peak acc", "final acc", "final pass@1", f"final pass@{top}"]
     for m in ms:
         head += [f"{m.name} to baseline peak", "ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -854,7 +856,7 @@ def _table(summary: dict[str, Any]) -> str:
         pk = c["final_pass_at_k"]
         cells = [name + (" (baseline)" if name == summary["baseline"]["config"] else ""), str(c["runs"]),
                  _fmt(c["peak_accuracy"]["median"]), _fmt(c["final_accuracy"]["median"]),
-                 _fmt(pk.get(1, {}).get("median")), _fmt(pk.get(16, {}).get("median"))]
+                 _fmt(pk.get(1, {}).get("median")), _fmt(pk.get(top, {}).get("median"))]
         for m in ms:
             to = c["to_baseline_peak"][m.key]
             cells += ["not reached", "-"] if to is None else [_fmt(to["compute"], m.fmt), _fmt(to["ratio"], ".2f")]

@@ -35,6 +35,8 @@ so the pooled histograms are twice test_analysis's; the other children have none
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import json
 import math
@@ -191,13 +193,25 @@ def cells(table: str, config: str) -> list[str]:
 def test_table_values(built):
     t = built.table
     header = [c.strip() for c in t.splitlines()[0].strip("|").split("|")]
-    assert header == ["config", "runs", "peak acc", "final acc", "pass@1", "pass@16",
+    assert header == ["config", "runs", "peak acc", "final acc", "final pass@1", "final pass@16",
                       "generated tokens to baseline peak", "ratio", "measured seconds to baseline peak", "ratio",
                       f"{PROJECTED} to baseline peak", "ratio"]
     assert cells(t, "no_buffer") == ["no_buffer (baseline)", "4", "0.600", "0.500", "0.500", "0.800",
                                      "1,000", "1.00", "20.0", "1.00", "4,019", "1.00"]
     assert cells(t, "replay") == ["replay", "4", "0.650", "0.600", "0.550", "0.850",
                                   "500", "0.50", "15.0", "0.75", "2,970", "0.74"]
+
+
+def test_the_table_names_the_k_the_runs_sampled(built):
+    """Runs that sampled 8 completions a prompt (the smollm2 grid) show final pass@8, not an
+    empty pass@16 column."""
+    summary = copy.deepcopy(built.summary)
+    for c in summary["configs"].values():
+        c["final_pass_at_k"] = {k if k != 16 else 8: v for k, v in c["final_pass_at_k"].items()}
+    t = report._table(summary)
+    header = [c.strip() for c in t.splitlines()[0].strip("|").split("|")]
+    assert header[4:6] == ["final pass@1", "final pass@8"]
+    assert cells(t, "replay")[4:6] == ["0.550", "0.850"]
     assert cells(t, "replay_lr2") == ["replay_lr2", "2", "0.610", "0.500", "0.450", "0.750",
                                       "600", "0.60", "18.0", "0.90", "4,454", "1.11"]
     assert cells(t, "slow")[6:] == ["not reached", "-"] * 3
