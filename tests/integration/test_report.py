@@ -36,7 +36,6 @@ so the pooled histograms are twice test_analysis's; the other children have none
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import json
 import math
