@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -80,7 +82,21 @@ def stop_session(sid: int) -> None:
         pass
 
 
-def check_tables(root: Path, run_id: str, steps: int, workers: int) -> tuple[dict, dict]:
+@contextmanager
+def stopped_at_the_end(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """The flow `proc` for the body of the `with`; SIGKILLed with its session if it still runs
+    after it (a test that failed half-way)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            stop_session(proc.pid)
+
+
+def check_rollouts(root: Path, run_id: str, workers: int) -> dict:
+    """The rollout table of an async run, finished or stopped mid-way: no row stored twice,
+    every prompt group whole, and each worker's batches numbered 0, 1, ... with none missing
+    (each whole), under its own ids."""
     store = RolloutStore.open(root / "lancedb", run_id)
     rows = store.window(100_000, columns=["rollout_id", "worker", "step", "group_id"]).to_pydict()
     assert len(rows["rollout_id"]) == len(set(rows["rollout_id"])) >= B  # no row stored twice
@@ -93,6 +109,13 @@ def check_tables(root: Path, run_id: str, steps: int, workers: int) -> tuple[dic
         assert len(steps_of_w) == R * (max(steps_of_w) + 1)
         assert all(rid.startswith(f"{run_id}/w{w:02d}/") for rid, ww in zip(rows["rollout_id"], rows["worker"])
                    if ww == w)
+    return rows
+
+
+def check_tables(root: Path, run_id: str, steps: int, workers: int) -> tuple[dict, dict]:
+    """`check_rollouts`, and the usage records of a finished run of `steps` rounds: K x B a
+    round, each naming a stored row."""
+    rows = check_rollouts(root, run_id, workers)
     usage = UsageStore.open(root / "lancedb", run_id).rows().to_pydict()
     assert len(usage["usage_id"]) == steps * K * B
     assert set(usage["rollout_id"]) <= set(rows["rollout_id"])  # every use names a stored row

@@ -19,7 +19,8 @@ Decisions:
   `RayTaskRunner` runs stateless tasks only, not a resident engine.
 * **Placed before any work.** The generators' bundles (`generator_bundles`: {CPU:
   loop.worker_threads}, plus {GPU: 1} with generator.backend=vllm) are compared with the
-  cluster's nodes in the pre-flight (`check_placement`, first-fit per node), so a placement
+  cluster's nodes in the pre-flight (`check_placement`; the pure check is
+  replay_pipeline/run/placement.py's, a bundle never split across nodes), so a placement
   that cannot be satisfied is refused before the run exists, naming what is missing and what
   the cluster has; the placement group itself must be ready within ray.placement_timeout
   (`ray_placement`), never a silent wait. `ray_placement` takes any bundles, so the learner's
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 import warnings
@@ -53,6 +55,7 @@ from typing import Any, Callable, Iterator
 
 from replay_pipeline.config import ConfigError
 from replay_pipeline.run.files import AsyncDir
+from replay_pipeline.run.placement import amounts, describe_cluster, placement_fix, placement_problem
 from replay_pipeline.run.workers import generator_worker
 
 #: Seconds to reach a Ray head's GCS port (a TCP connect) before joining it.
@@ -62,70 +65,12 @@ RAY_CONNECT_TIMEOUT = 10.0
 #: bandwidth; unlike STRICT_SPREAD it still places several on one node when there are fewer
 #: nodes than generators (one machine, or a small cluster).
 GENERATOR_STRATEGY = "SPREAD"
-_SHOWN = ("CPU", "GPU")  # resources named when describing a node, besides those a bundle asks for
 
 
 def generator_bundles(loop: Any, backend: str) -> tuple[list[dict[str, float]], list[str]]:
     """One bundle a generator ({CPU: loop.worker_threads}, {GPU: 1} more with vLLM) and its name."""
     bundle = {"CPU": float(loop.worker_threads), **({"GPU": 1.0} if backend == "vllm" else {})}
     return [dict(bundle) for _ in range(loop.workers)], [f"generator {w}" for w in range(loop.workers)]
-
-
-def _amounts(resources: dict[str, float], keys: Any = None) -> str:
-    keys = [k for k in (keys or resources) if resources.get(k)]
-    return "{" + ", ".join(f"{k}: {resources.get(k, 0):g}" for k in keys) + "}"
-
-
-def _sum(items: list[dict[str, float]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for item in items:
-        for key, value in item.items():
-            out[key] = out.get(key, 0.0) + float(value)
-    return out
-
-
-def describe_cluster(nodes: list[dict[str, float]], where: str, keys: Any = ()) -> str:
-    """`the cluster at WHERE has 2 CPUs on 2 nodes ({CPU: 1}, {CPU: 1})`."""
-    shown = [*_SHOWN, *(k for k in keys if k not in _SHOWN)]
-    total = _sum(nodes)
-    has = ", ".join(f"{total.get(k, 0):g} {k}s" for k in shown if total.get(k) or k in keys) or "no CPUs"
-    return (f"the cluster at {where} has {has} on {len(nodes)} node(s) "
-            f"({', '.join(_amounts(n, shown) for n in nodes) or 'none alive'})")
-
-
-def placement_problem(bundles: list[dict[str, float]], what: list[str], nodes: list[dict[str, float]],
-                      where: str) -> str | None:
-    """None when `bundles` (named by `what`) fit the alive `nodes` (each node's total
-    resources): every bundle on one node, first-fit from the largest. Else one sentence naming
-    what is missing and what the cluster has. Pure."""
-    keys = sorted(_sum(bundles))
-    cluster = describe_cluster(nodes, where, keys)
-    groups: dict[tuple[str, str], int] = {}
-    for name, bundle in zip(what, bundles):
-        kind = name.rstrip("0123456789").strip()
-        groups[(kind, _amounts(bundle))] = groups.get((kind, _amounts(bundle)), 0) + 1
-    asked = " and ".join(f"{n} {kind} bundle(s) of {amounts}" for (kind, amounts), n in groups.items())
-    need, have = _sum(bundles), _sum(nodes)
-    short = [f"{need[k]:g} {k}s" for k in keys if need[k] > have.get(k, 0)]
-    if short:
-        return f"{asked} need {' and '.join(short)}; {cluster}"
-    free = [dict(n) for n in nodes]
-    for name, bundle in sorted(zip(what, bundles), key=lambda nb: [-nb[1].get(k, 0) for k in keys]):
-        node = next((n for n in free if all(n.get(k, 0) >= v for k, v in bundle.items())), None)
-        if node is None:
-            return (f"{asked} do not fit: {name}'s bundle {_amounts(bundle)} finds no node with that much "
-                    f"left (a bundle is never split across nodes); {cluster}")
-        for key, value in bundle.items():
-            node[key] -= value
-    return None
-
-
-def _placement_fix(address: str | None) -> str:
-    if address is None:
-        return ("raise ray.num_cpus (or ray.num_gpus) for the local instance, or lower loop.workers or "
-                "loop.worker_threads")
-    return (f"add nodes (`ray start --address={address} --num-cpus N` on another machine), or lower "
-            "loop.workers or loop.worker_threads")
 
 
 def local_node(ray_cfg: Any) -> dict[str, float]:
@@ -155,7 +100,7 @@ def check_placement(cfg: Any) -> None:
     problem = placement_problem(bundles, what, nodes, where)
     if problem:
         raise ConfigError(f"Invalid configuration:\n  - loop.engine=ray cannot place the generators: {problem}; "
-                          f"{_placement_fix(address)}")
+                          f"{placement_fix(address)}")
 
 
 def alive_nodes(ray: Any) -> list[dict[str, float]]:
@@ -229,16 +174,16 @@ def ray_placement(bundles: list[dict[str, float]], strategy: str, timeout: float
     nodes = alive_nodes(ray)
     problem = placement_problem(bundles, what, nodes, where)
     if problem:
-        raise ConfigError(f"cannot place {len(bundles)} bundle(s): {problem}; {_placement_fix(address)}")
+        raise ConfigError(f"cannot place {len(bundles)} bundle(s): {problem}; {placement_fix(address)}")
     group = placement_group(bundles, strategy=strategy, name=name)
     ready, _ = ray.wait([group.ready()], timeout=timeout)
     if not ready:
-        free = _amounts(ray.available_resources(), sorted(_sum(bundles)))
+        free = amounts(ray.available_resources(), sorted(_sum(bundles)))
         remove_placement_group(group)
         raise ConfigError(f"{', '.join(what)}: the placement group ({strategy}, {len(bundles)} bundle(s) of "
-                          f"{_amounts(bundles[0])}) was not placed within ray.placement_timeout={timeout:g} s; "
-                          f"{describe_cluster(nodes, where)}, {free} of it free (other jobs hold the rest?); "
-                          f"{_placement_fix(address)}, or raise ray.placement_timeout")
+                          f"{amounts(bundles[0])}) was not placed within ray.placement_timeout={timeout:g} s; "
+                          f"{describe_cluster(nodes, where)}, {free} of it unreserved (other jobs hold the rest?); "
+                          f"{placement_fix(address)}, or raise ray.placement_timeout")
     return group
 
 
@@ -300,22 +245,31 @@ class RayGenerators:
                             runtime_env=env)
 
     def start(self, worker: int) -> tuple[Any, dict[str, Any]]:
-        """Generator `worker`'s actor, up in its bundle, and where it runs; RuntimeError when it
-        is not up within ray.placement_timeout (its bundle not placed: no node has room)."""
+        """Generator `worker`'s actor, up in its bundle, and where it runs. An actor that dies
+        before it is up (its bundle was on a node just lost, not yet placed again) is tried
+        again; RuntimeError when none is up within ray.placement_timeout (no node has room)."""
         import ray  # optional dependency (the ray extra)
+        from ray.exceptions import RayActorError
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        actor = self.actor_class.options(**self.options, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            self.group, placement_group_bundle_index=worker)).remote()
         timeout = self.ray_cfg.placement_timeout
-        ready, _ = ray.wait([actor.where.remote()], timeout=timeout)
-        if not ready:
+        deadline = time.monotonic() + timeout
+        while True:
+            actor = self.actor_class.options(**self.options, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.group, placement_group_bundle_index=worker)).remote()
+            ready, _ = ray.wait([actor.where.remote()], timeout=max(deadline - time.monotonic(), 0.0))
+            if ready:
+                try:
+                    return actor, ray.get(ready[0], timeout=timeout)
+                except RayActorError:
+                    if time.monotonic() < deadline:
+                        time.sleep(1.0)
+                        continue
             ray.kill(actor, no_restart=True)
             raise RuntimeError(f"generator {worker}'s actor did not start within ray.placement_timeout={timeout:g} s "
-                               f"(its bundle {_amounts(self.bundle)} not placed: "
+                               f"(its bundle {amounts(self.bundle)} not placed: "
                                f"{describe_cluster(alive_nodes(ray), self.where)}, "
-                               f"{_amounts(ray.available_resources(), sorted(self.bundle))} of it free)")
-        return actor, ray.get(ready[0], timeout=timeout)
+                               f"{amounts(ray.available_resources(), sorted(self.bundle))} of it unreserved)")
 
 
 @contextmanager
@@ -336,9 +290,16 @@ def ray_generators(settings: Any, log: Callable[[str], Any] = print) -> Iterator
                 remove_placement_group(group)
 
 
-def _one_line(exc: BaseException, limit: int = 240) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def _death(exc: BaseException) -> str:
+    """Why an actor died, in a few words: Ray's own reason without its paragraph of common causes
+    (`pid 123 on 10.0.0.5: its worker process has died. Worker exit type: SYSTEM_ERROR ...`)."""
+    text = str(exc)
+    reason = re.search(r"The actor is dead because (.*?)(?:\s+Some common causes|$)", text, re.S)
+    pid, ip = re.search(r"pid: (\d+)", text), re.search(r"ip: (\S+)", text)
+    said = " ".join((reason[1] if reason else text).split())
+    where = f"pid {pid[1]}" + (f" on {ip[1]}" if ip else "") + ": " if pid else ""
+    said = where + said
+    return said if len(said) <= 200 else said[:197] + "..."
 
 
 def run_ray_worker(generators: RayGenerators, cfg_container: dict[str, Any], run_id: str, worker: int,
@@ -366,13 +327,14 @@ def run_ray_worker(generators: RayGenerators, cfg_container: dict[str, Any], run
             except RayActorError as exc:
                 if handle.killed or control.stopped():
                     return control.read_stats(worker)
-                cause = _one_line(exc)
+                cause = _death(exc)
                 if restarts >= limit:
                     handle.failure = (f"generator {worker} of {run_id}: its Ray actor died and ray.max_restarts="
                                       f"{limit} replacement(s) are used up ({cause})")
                     raise RuntimeError(handle.failure) from exc
                 restarts += 1
-                generators.log(f"generator {worker}: its Ray actor died ({cause[:160]}); starting a replacement in "
+                ray.kill(handle.actor, no_restart=True)  # one merely unreachable must not write beside its replacement
+                generators.log(f"generator {worker}: its Ray actor died ({cause}); starting a replacement in "
                                f"its bundle ({restarts} of ray.max_restarts={limit})")
             except RuntimeError as exc:  # no replacement started in time
                 handle.failure = handle.failure or f"generator {worker} of {run_id}: {exc}"

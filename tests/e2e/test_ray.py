@@ -4,8 +4,9 @@ module) that the flow joins, and a local instance the flow starts and stops itse
 rollout table, the usage records, the workers' stats (which prove where each generator ran:
 the Ray node id) and Prefect's task runs are read back; then the faults: a placement the
 cluster cannot hold is refused before any work, a generator actor killed mid-run is replaced
-and nothing is lost or stored twice, and a generator whose replacements are used up stops
-the run with one line, after which `resume=RUN` finishes it."""
+and nothing is lost or stored twice, a generator whose replacements are used up stops the run
+with one line, after which `resume=RUN` finishes it, and a lost node's generator is replaced
+on a spare node, or stops the run where no node has room."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ import pytest
 
 from tests import engine_runs
 from tests.conftest import ROOT
-from tests.engine_runs import (assert_no_leftovers, check_tables, finish, free_port, prefect_states, read_stats,
-                               stop_session, wait_for)
+from tests.engine_runs import (assert_no_leftovers, check_rollouts, check_tables, finish, free_port, prefect_states,
+                               read_stats, stopped_at_the_end, wait_for)
 from tests.servers import prefect_env
 
 ray = pytest.importorskip("ray", reason="loop.engine=ray needs pip install 'ray==2.60.*'")
+# Cluster.add_node starts a node's processes from this process, where lance is loaded: fork and exec.
+pytestmark = pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
 
 STEPS = 3
 # Generators wait while the learner has used each row less than once, and the learner waits
@@ -45,7 +48,10 @@ def cluster():
     resources are logical), so two generators' bundles of {CPU: 1} land one on each node."""
     from ray.cluster_utils import Cluster
 
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False,
+        # a lost node is marked dead after 3 missed health checks a second apart (Ray's default: 5 of 3 s)
+        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
     try:
         nodes.add_node(num_cpus=1)
         nodes.wait_for_nodes()
@@ -69,6 +75,14 @@ def kill_generator(root: Path, run_id: str, proc: subprocess.Popen, batches: int
                      "the generator's first batches", proc)
     os.kill(stats["pid"], signal.SIGKILL)
     return stats, time.monotonic()
+
+
+def the_one_error_line(proc: subprocess.Popen, out: str) -> str:
+    """A failed run's one line (exit code 1): `error: run RUN failed at step N of M: ...`."""
+    assert proc.returncode == 1, out[-4000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out[-4000:]
+    return errors[0]
 
 
 def test_two_generators_one_on_each_node_of_an_existing_cluster(root, cluster):
@@ -124,7 +138,7 @@ def test_a_placement_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path
 def test_a_killed_generator_actor_is_replaced_and_nothing_is_lost(root, cluster):
     steps = 8
     proc = start(root, "ray-kill", steps, *PACED, f"ray.address={cluster.address}")
-    try:
+    with stopped_at_the_end(proc):
         before, killed = kill_generator(root, "ray-kill", proc)
         after = wait_for(lambda: (s := read_stats(root, "ray-kill", 0)).get("pid") != before["pid"] and s, 120,
                          "the replacement actor", proc)
@@ -133,9 +147,6 @@ def test_a_killed_generator_actor_is_replaced_and_nothing_is_lost(root, cluster)
                  "the replacement's first batch", proc)
         first_batch = time.monotonic() - killed
         out = finish(proc)
-    finally:
-        if proc.poll() is None:
-            stop_session(proc.pid)
     assert proc.returncode == 0, out[-4000:]
     assert out.count("generator 0: its Ray actor died") == 1 and "(1 of ray.max_restarts=3)" in out
     final = read_stats(root, "ray-kill", 0)
@@ -152,23 +163,18 @@ def test_restarts_used_up_stop_the_run_with_one_line_and_it_resumes(root, cluste
     steps = 8
     proc = start(root, "ray-dead", steps, *PACED, "loop.checkpoint_every=2", "ray.max_restarts=0",
                  f"ray.address={cluster.address}")
-    try:
+    with stopped_at_the_end(proc):
         wait_for(lambda: any((root / "ray-dead" / "checkpoints").glob("step-*")), 240, "the first checkpoint", proc)
         _, killed = kill_generator(root, "ray-dead", proc, batches=0)
         out = finish(proc, timeout=120)
         stopped = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            stop_session(proc.pid)
-    assert proc.returncode == 1, out[-4000:]
-    errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, out[-4000:]
+    error = the_one_error_line(proc, out)
     assert ("RuntimeError: generator 0 of ray-dead: its Ray actor died and ray.max_restarts=0 replacement(s) are "
-            "used up") in errors[0] and "resume with: python -m flows.train resume=ray-dead" in errors[0]
+            "used up") in error and "resume with: python -m flows.train resume=ray-dead" in error
     tasks, flow_state, _ = prefect_states(root, "ray-dead")
     assert tasks == {"generator-0": "FAILED"} and flow_state == "FAILED"
     assert_no_leftovers(proc.pid)
-    print(f"\nray-dead: the run ended {stopped:.1f} s after the SIGKILL with: {errors[0]}")
+    print(f"\nray-dead: the run ended {stopped:.1f} s after the SIGKILL with: {error}")
 
     env = {**os.environ, **prefect_env(root / ".prefect")}
     resumed = subprocess.run([sys.executable, "-m", "flows.train", f"tracking.root_dir={root}", "resume=ray-dead",
@@ -176,3 +182,42 @@ def test_restarts_used_up_stop_the_run_with_one_line_and_it_resumes(root, cluste
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"Run ray-dead finished: {steps} steps" in resumed.stdout
     check_tables(root, "ray-dead", steps, workers=1)
+
+
+def test_a_lost_node_s_generator_is_replaced_where_there_is_room_and_stops_the_run_where_not(root, cluster):
+    """Last in the module: it adds a node and removes two. Three nodes of one CPU, two
+    generators: the node of one (not the head) is lost, its bundle is placed again on the free
+    node and a replacement goes on; then the node of the other is lost with no node left to
+    take it, and the run stops with one line once ray.placement_timeout has passed."""
+    spare = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    proc = start(root, "ray-node", 100_000, "loop.workers=2", *PACED, "ray.placement_timeout=30",
+                 f"ray.address={cluster.address}")
+    nodes = {node.node_id: node for node in cluster.list_all_nodes()}
+
+    def lose_a_generator_node() -> tuple[int, dict, float]:
+        stats = wait_for(lambda: (s := [read_stats(root, "ray-node", w) for w in (0, 1)])
+                         and all(x.get("batches", 0) >= 2 for x in s) and s, 240, "both generators' batches", proc)
+        w = next(w for w in (0, 1) if stats[w]["ray_node"] != cluster.head_node.node_id)
+        cluster.remove_node(nodes[stats[w]["ray_node"]], allow_graceful=False)  # its raylet and actors SIGKILLed
+        return w, stats[w], time.monotonic()
+
+    with stopped_at_the_end(proc):
+        w, before, lost = lose_a_generator_node()
+        after = wait_for(lambda: (s := read_stats(root, "ray-node", w)).get("ray_restarts") == 1
+                         and s.get("batches", 0) > before["batches"] and s, 180, "the replacement's first batch", proc)
+        replaced = time.monotonic() - lost
+        assert after["ray_node"] not in (before["ray_node"], cluster.head_node.node_id)  # on the spare node
+        w2, _, lost = lose_a_generator_node()  # no node has room for it now
+        out = finish(proc, timeout=240)
+        stopped = time.monotonic() - lost
+    error = the_one_error_line(proc, out)
+    assert f"generator {w2}'s actor did not start within ray.placement_timeout=30 s" in error
+    assert "not placed: the cluster at" in error, error
+    print(f"\nray-node: generator {w} replaced on the spare node {replaced:.1f} s after its node was lost (to its "
+          f"first batch); the run stopped {stopped:.1f} s after the second loss with: {error}")
+    rows = check_rollouts(root, "ray-node", workers=2)
+    print(f"ray-node: {len(rows['rollout_id'])} rows, none lost or stored twice")
+    assert spare.node_id in nodes
+    assert_no_leftovers(proc.pid)
+

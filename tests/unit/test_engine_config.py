@@ -12,7 +12,8 @@ import pytest
 from replay_pipeline.config import ConfigError, load_config
 from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.preflight import preflight
-from replay_pipeline.run.ray_engine import check_placement, placement_problem
+from replay_pipeline.run.placement import placement_problem
+from replay_pipeline.run.ray_engine import check_placement
 
 
 @pytest.mark.parametrize("overrides, message", [
