@@ -96,6 +96,7 @@ from replay_pipeline.run.loop import Evaluation, evaluate_start, generators_runn
 from replay_pipeline.run.lineage import note_flow_run
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import check_start_point, preflight
+from replay_pipeline.run.ray_engine import run_ray_worker
 from replay_pipeline.run.workers import run_worker_process
 from replay_pipeline.reports.run_plots import run_plots
 from replay_pipeline.system.runs import RunPaths
@@ -202,10 +203,14 @@ def checkpoint_task(run: TrainingRun, step: int) -> str:
 def generator_task(run: TrainingRun, cfg_container: dict, worker: int, registry: dict, client=None,
                    session: str | None = None) -> dict[str, float]:
     """One generator of the async loop, alive as long as the learner runs: a child process
-    (loop.engine=local) or a task on the Dask cluster of `client` (loop.engine=dask) that this
-    Prefect task supervises from the flow's process (replay_pipeline/run/engines.py says why)."""
+    (loop.engine=local), a task on the Dask cluster of `client` (loop.engine=dask) or an actor
+    in its bundle of the Ray placement group `client` (loop.engine=ray, replaced when it dies),
+    that this Prefect task supervises from the flow's process (replay_pipeline/run/engines.py
+    says why)."""
     if client is None:
         return run_worker_process(cfg_container, run.run_id, worker, run.control, registry, session)
+    if run.settings.loop.engine == "ray":
+        return run_ray_worker(client, cfg_container, run.run_id, worker, run.control, registry, session)
     return run_dask_worker(client, cfg_container, run.run_id, worker, run.control, registry, session)
 
 

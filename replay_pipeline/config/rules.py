@@ -18,8 +18,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LEARNER_BACKENDS, LOOP_ENGINES, LOOP_MODES,
-                                           LOSS_AGGREGATIONS, TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS, AlgoConfig, Config,
-                                           ConfigError, GeneratorConfig)
+                                           LOSS_AGGREGATIONS, TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS,
+                                           AlgoConfig, Config, ConfigError, GeneratorConfig, RayConfig)
 from replay_pipeline.algo.reuse import RULES
 from replay_pipeline.tasks import CUSTOM, TASKS, unused_task_fields
 from replay_pipeline.tasks.answers import FALLBACKS
@@ -27,8 +27,10 @@ from replay_pipeline.tasks.math import FORMATS
 from replay_pipeline.tasks.reasoning_gym import dataset_names
 
 DASK_INSTALL = "pip install 'dask[distributed]' (CPU machines: pip install -c infra/constraints-cpu.txt 'dask[distributed]')"
+RAY_INSTALL = "pip install 'ray==2.60.*' (CPU machines: pip install -c infra/constraints-cpu.txt ray)"
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 _DASK_ADDRESS = re.compile(r"((tcp|tls|ws|wss|ucx)://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):[0-9]{1,5}")
+_RAY_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):[0-9]{1,5}")
 
 
 def valid_dask_address(address: str) -> bool:
@@ -106,6 +108,7 @@ def validate(cfg: DictConfig | Config) -> None:
     need(loop.mode in LOOP_MODES, f"loop.mode={loop.mode!r} is not one of {list(LOOP_MODES)}")
     problems.extend(_engine_problems(loop))
     problems.extend(_learner_problems(cfg.learner, loop))
+    problems.extend(_ray_problems(loop, cfg.ray))
     if loop.replay_cap is not None and loop.replay_floor is not None:
         need(loop.replay_floor < loop.replay_cap,
              f"loop.replay_floor={loop.replay_floor} must be below loop.replay_cap={loop.replay_cap}, "
@@ -242,10 +245,11 @@ def _engine_problems(loop: Any) -> list[str]:
     problems = []
     if loop.engine not in LOOP_ENGINES:
         problems.append(f"loop.engine={loop.engine!r} is not one of {list(LOOP_ENGINES)}: `local` runs the "
-                        "generators as processes of the flow, `dask` as tasks on a Dask cluster")
-    if loop.engine == "dask" and loop.mode != "async":
-        problems.append("loop.engine=dask runs the async loop's generators on Dask; add loop=async "
-                        "(the sync loop generates in the learner's own process)")
+                        "generators as processes of the flow, `dask` as tasks on a Dask cluster, `ray` as "
+                        "actors on a Ray cluster")
+    if loop.engine in ("dask", "ray") and loop.mode != "async":
+        problems.append(f"loop.engine={loop.engine} runs the async loop's generators on {loop.engine.title()}; add "
+                        "loop=async (the sync loop generates in the learner's own process)")
     if loop.dask_address is not None:
         if loop.engine != "dask":
             problems.append(f"loop.dask_address={loop.dask_address} is only used with loop.engine=dask; "
@@ -270,6 +274,27 @@ def _learner_problems(learner: Any, loop: Any) -> list[str]:
     return problems
 
 
+def _ray_problems(loop: Any, ray: Any) -> list[str]:
+    """The `ray` section: used only with loop.engine=ray, an address as `ray start --head`
+    prints it, the local instance's sizes only without an address. Whether ray is installed,
+    the cluster answers and the generators' bundles fit is the pre-flight's."""
+    defaults = RayConfig()
+    if loop.engine != "ray":
+        return [f"ray.{key}={getattr(ray, key)} is only used with loop.engine=ray; add loop.engine=ray or drop it"
+                for key in ("address", "num_cpus", "num_gpus", "generator_python")
+                if getattr(ray, key) != getattr(defaults, key)]
+    problems = []
+    if ray.address is not None:
+        if not _RAY_ADDRESS.fullmatch(str(ray.address)):
+            problems.append(f"ray.address={ray.address!r} is not a Ray head's address; give HOST:PORT as "
+                            "`ray start --head` prints it, e.g. ray.address=10.0.0.5:6379, or drop it to start "
+                            "a local instance")
+        problems += [f"ray.{key}={getattr(ray, key)} sizes the local instance, which ray.address={ray.address} "
+                     "replaces (a cluster's nodes declare their own resources: `ray start --num-cpus N`); drop it"
+                     for key in ("num_cpus", "num_gpus") if getattr(ray, key) is not None]
+    return problems
+
+
 def _generator_backend_problems(gen: Any, loop: Any) -> list[str]:
     """The vLLM backend's settings (whether it can run here is the pre-flight's); vLLM-only
     settings with another backend."""
@@ -283,7 +308,7 @@ def _generator_backend_problems(gen: Any, loop: Any) -> list[str]:
                         "of a long-lived worker process, which would keep the engine's process-wide GPU state after "
                         "the task); use loop.engine=local, whose generator processes each own an engine, or "
                         "generator=transformers")
-    elif loop.mode == "async" and (loop.workers + 1) * gen.gpu_memory_utilization >= 1:
+    elif loop.mode == "async" and loop.engine == "local" and (loop.workers + 1) * gen.gpu_memory_utilization >= 1:
         engines = loop.workers + 1  # one per generator process, one in the learner's for evaluation
         problems.append(f"loop.workers={loop.workers} with generator.gpu_memory_utilization="
                         f"{gen.gpu_memory_utilization} would give {engines} vLLM engines (one per generator process, one in the learner's "

@@ -341,8 +341,10 @@ class LoopConfig:
     """Async loop: generator workers (W)."""
     engine: str = "local"
     """Async loop: where the generators run. `local`: child processes of the flow (spawn).
-    `dask`: tasks on a Dask cluster (needs `pip install 'dask[distributed]'`), each still a
-    `generator-W` task in Prefect; see infra/distributed.md."""
+    `dask`: tasks on a Dask cluster (needs `pip install 'dask[distributed]'`). `ray`: resident
+    actors on a Ray cluster, placed by a placement group and replaced when they die (needs
+    `pip install 'ray==2.60.*'`; the `ray.*` settings). Each generator is a `generator-W` task
+    in Prefect either way; see infra/distributed.md."""
     dask_address: Optional[str] = None
     """loop.engine=dask: the scheduler to use, e.g. tcp://10.0.0.5:8786 (it must see the run
     root at the same path: a shared filesystem). None: the flow starts a local cluster of
@@ -386,6 +388,39 @@ class LoopConfig:
     where an evaluation or a checkpoint falls due; every round still logs its own metrics at
     its own step. A Prefect task run costs about as much CPU as a tenth of a default round
     (docs/performance.md, "Prefect's cost per task run"); 1 gives one task per round."""
+
+
+@dataclass
+class RayConfig:
+    """loop.engine=ray: the Ray cluster the async loop's generators run on, one resident actor
+    each in a bundle of one placement group (replay_pipeline/run/ray_engine.py,
+    infra/distributed.md)."""
+    address: Optional[str] = None
+    """An existing cluster to join as its driver, HOST:PORT of its head (`ray start --head`
+    prints it, e.g. 10.0.0.5:6379), left running at the end; every node must see the run root
+    at the same path (a shared filesystem). None: the flow starts a Ray instance on this
+    machine and shuts it down at the end."""
+    num_cpus: Optional[int] = bounded(None, ge=1, integer=True, null="for this machine's CPU count")
+    """address=None: CPUs the local instance offers for placement (Ray's CPUs are logical: the
+    generators' bundles must fit, whatever the cores). None: this machine's CPU count."""
+    num_gpus: Optional[int] = bounded(None, ge=0, integer=True, null="for the GPUs Ray detects")
+    """address=None: GPUs the local instance offers (one per generator with generator=vllm).
+    None: as many as Ray detects (CUDA_VISIBLE_DEVICES, else every visible GPU)."""
+    placement_timeout: float = bounded(60.0, gt=0, finite=True, hint="seconds")
+    """Seconds to wait for the generators' placement group to be placed, and for each
+    generator actor to start in its bundle (a replacement after a node loss waits for its
+    bundle to be placed again); past it the run is refused (at the start) or stops (mid-run),
+    naming what is missing and what the cluster has."""
+    max_restarts: int = bounded(3, ge=0, integer=True)
+    """Times each generator's actor is replaced after it died (killed, its process or its node
+    lost) while the run was going; the replacement takes over the worker id and regenerates
+    the batch its predecessor had in flight. Past it the run stops with one line naming the
+    generator, and `resume=RUN` continues it."""
+    generator_python: Optional[str] = None
+    """A Python executable for the generator actors (their runtime_env `py_executable`), e.g.
+    a virtual environment with vLLM and its pinned torch, apart from the learner's (as
+    NeMo-RL does); it must have replay-pipeline installed. It must exist at this path on
+    every node. None: the driver's Python."""
 
 
 @dataclass
@@ -498,6 +533,7 @@ class Config:
     buffer: BufferConfig = field(default_factory=BufferConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
@@ -513,5 +549,5 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 GENERATOR_BACKENDS = ("transformers", "vllm")  # replay_pipeline.generation.build_generator
 LOOP_MODES = ("sync", "async")
-LOOP_ENGINES = ("local", "dask")
+LOOP_ENGINES = ("local", "dask", "ray")
 LEARNER_BACKENDS = ("auto", "gloo", "nccl")

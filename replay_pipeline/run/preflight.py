@@ -20,7 +20,10 @@ deployed run fails in its first task, before any model is built):
 - the vLLM backend can run here (vllm installed and a GPU, without importing vllm); Dask is
   installed for `loop.engine=dask`;
 - an object-store `buffer.uri` answers (one LIST request); a `loop.dask_address` scheduler
-  answers (TCP, then Dask's handshake).
+  answers (TCP, then Dask's handshake);
+- `loop.engine=ray`: ray is installed; the cluster at `ray.address` answers (TCP, then joined
+  and left), and the generators' bundles fit its nodes, or the local instance's CPUs and GPUs
+  (replay_pipeline/run/ray_engine.py `check_placement`).
 
 `check_start_point` finds and verifies the checkpoint and tables a resume or fork needs (a
 resume's tables: no damaged file, no row lost before the checkpoint,
@@ -44,12 +47,13 @@ from omegaconf import OmegaConf
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.lance_table import StoreError, check_storage
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.config import DASK_INSTALL, TASK_DEFAULTS, ConfigError
+from replay_pipeline.config import DASK_INSTALL, RAY_INSTALL, TASK_DEFAULTS, ConfigError
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.system.lease import LeaseHeld, holder
 from replay_pipeline.models.device import device_problem
 from replay_pipeline.models.packaged import PACKAGED, is_prepared, packaged_problems
 from replay_pipeline.run.engines import check_dask_scheduler
+from replay_pipeline.run.ray_engine import check_placement
 from replay_pipeline.run.lineage import check_resume_tables, start_point
 from replay_pipeline.system.runs import RunPaths, ensure_writable
 from replay_pipeline.tasks import CUSTOM, task_from_config
@@ -72,11 +76,15 @@ def preflight(cfg: Any) -> None:
                             "generator=transformers")
     if cfg.loop.engine == "dask" and importlib.util.find_spec("distributed") is None:
         problems.append(f"loop.engine=dask needs dask.distributed, which is not installed: {DASK_INSTALL}")
+    if cfg.loop.engine == "ray" and importlib.util.find_spec("ray") is None:
+        problems.append(f"loop.engine=ray needs ray, which is not installed: {RAY_INSTALL}")
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
     _probe_buffer_storage(cfg.buffer)
     if cfg.loop.mode == "async" and cfg.loop.engine == "dask" and cfg.loop.dask_address:
         check_dask_scheduler(cfg.loop.dask_address)  # an unreachable scheduler fails here
+    if cfg.loop.mode == "async" and cfg.loop.engine == "ray":
+        check_placement(cfg)  # ray missing, an unreachable cluster, or bundles that cannot fit fail here
 
 
 def _model_problems(model: Any) -> list[str]:

@@ -50,6 +50,8 @@ RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_sam
              "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress", "tracking.log_model",
              "model.torch_threads", "model.device", "buffer.read_cache", "buffer.write_behind",
              "loop.engine", "loop.dask_address", "loop.heartbeat_timeout",
+             "ray.address", "ray.num_cpus", "ray.num_gpus", "ray.placement_timeout", "ray.max_restarts",
+             "ray.generator_python",
              "loop.rounds_per_task", "buffer.read_ahead", "buffer.commit_seconds",
              # the learner's ranks: another world size sums the same gradients in another order
              # (equal within float rounding; bit for bit only with the same one)

@@ -67,6 +67,8 @@ class Settings:
     buffer: Any
     algo: Any
     loop: Any
+    ray: Any
+    """loop.engine=ray: the Ray cluster and placement (replay_pipeline/run/ray_engine.py)."""
     tracking: Any
     reward: Any
     reuse: Any

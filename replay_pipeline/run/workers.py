@@ -1,5 +1,5 @@
 """The async loop's generator workers (`loop=async`): each runs in its own process (or Dask
-task, replay_pipeline/run/engines.py), rebuilds task, generator and table handles from the run's
+task, replay_pipeline/run/engines.py, or Ray actor, replay_pipeline/run/ray_engine.py), rebuilds task, generator and table handles from the run's
 resolved configuration, and loops generate -> score -> append until the learner tells it to
 stop through the file protocol (replay_pipeline/run/files.py).
 
@@ -11,10 +11,11 @@ stop through the file protocol (replay_pipeline/run/files.py).
     stop: STOP flag, stale heartbeat  ◄── <run_dir>/async/ ◄── heartbeat every few seconds
 
 Decisions:
-* **Two engines, one body.** `loop.engine=local` (default) starts each worker as a
+* **Three engines, one body.** `loop.engine=local` (default) starts each worker as a
   `multiprocessing` process with spawn (fork can hang LanceDB and torch, `run_worker_process`);
   `loop.engine=dask` runs the same `generator_worker` as a task on a Dask cluster
-  (replay_pipeline/run/engines.py). Either way the worker builds its own task, model and table
+  (replay_pipeline/run/engines.py), `loop.engine=ray` as the long method of a resident Ray
+  actor, replaced when it dies (replay_pipeline/run/ray_engine.py). Either way the worker builds its own task, model and table
   handles, with `loop.worker_threads` torch threads (keep workers x threads + the learner's
   within the cores).
 * **Shared paths.** Workers read the weights and write their stats and ready markers under
@@ -27,7 +28,7 @@ Decisions:
   exists, when the heartbeat has not changed for `loop.heartbeat_timeout` seconds of the
   worker's own clock (the learner was killed; no clock sync needed), when it names another
   session (a newer learner, e.g. a resume, took over), when another copy of the same worker
-  id claimed `owner-W` (Dask restarted it elsewhere), or, with the local engine, when its
+  id claimed `owner-W` (Dask restarted it elsewhere, Ray's supervisor replaced it), or, with the local engine, when its
   parent process is gone. It records why in its stats (`stop_reason`). The learner sees a
   dead worker through `is_alive()` of the process or of the Dask future (`any_alive`,
   `wait_until_ready`), and a worker that failed fails the flow with its own error.
@@ -48,7 +49,8 @@ Decisions:
   so no worker outlives the run by more than `loop.heartbeat_timeout` plus one batch.
 * **Compute and provenance.** Each worker keeps cumulative tokens, rollouts and generation
   seconds in its stats file (replaced atomically after each batch), plus where it ran
-  (`engine`, `host`, `pid`, and `dask_worker` on Dask); the learner folds the numbers into
+  (`engine`, `host`, `pid`; `dask_worker` on Dask; `ray_node`, `ray_actor`, `ray_restarts`
+  on Ray); the learner folds the numbers into
   its ledger.
 
 This module must not import the learner's side of the run (phases, build, loop).
@@ -84,10 +86,13 @@ from replay_pipeline.tasks import task_from_config
 from replay_pipeline.training.weights import WeightFollower, WeightStore
 
 
-def _where(parent_pid: int | None) -> dict[str, Any]:
-    """Where this worker runs, for its stats: engine, host, pid (and the Dask worker)."""
+def _where(parent_pid: int | None, where: dict[str, Any] | None) -> dict[str, Any]:
+    """Where this worker runs, for its stats: engine, host, pid (and the Dask worker); an
+    engine that knows more says it in `where` (Ray: the node and actor ids)."""
     out: dict[str, Any] = {"engine": "local" if parent_pid is not None else "dask",
                            "host": socket.gethostname(), "pid": os.getpid()}
+    if where is not None:
+        return out | where
     if parent_pid is None:
         try:
             from distributed import get_worker  # optional dependency: only on a Dask worker
@@ -99,7 +104,7 @@ def _where(parent_pid: int | None) -> dict[str, Any]:
 
 
 def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, parent_pid: int | None = None,
-                     session: str | None = None) -> dict[str, Any]:
+                     session: str | None = None, where: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generator worker `worker` (see `_generator_worker`); its generator is closed however the
     worker ends (a vLLM engine gives its GPU memory back)."""
     if parent_pid is not None:  # a child of the learner: Ctrl-C reaches the whole terminal's group,
@@ -107,15 +112,17 @@ def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, pa
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         skip_final_collection()  # the learner waits for this process to end
     with ExitStack() as resources:
-        return _generator_worker(resources, cfg_container, run_id, worker, parent_pid, session)
+        return _generator_worker(resources, cfg_container, run_id, worker, parent_pid, session, where)
 
 
 def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_id: str, worker: int,
-                      parent_pid: int | None = None, session: str | None = None) -> dict[str, Any]:
+                      parent_pid: int | None = None, session: str | None = None,
+                      where: dict[str, Any] | None = None) -> dict[str, Any]:
     """Body of generator worker `worker`: a spawn target (loop.engine=local, `parent_pid` is
-    the learner's pid) or a Dask task (loop.engine=dask, `parent_pid` None); everything is
-    rebuilt here from the resolved configuration. `session` is the learner's heartbeat
-    session. Returns the worker's final stats (with `stop_reason`)."""
+    the learner's pid), a Dask task or a Ray actor's method (`parent_pid` None; Ray passes
+    `where`, the actor's node and ids for the stats); everything is rebuilt here from the
+    resolved configuration. `session` is the learner's heartbeat session. Returns the
+    worker's final stats (with `stop_reason`)."""
     quiet_transformers()
     cfg = OmegaConf.create(cfg_container)
     torch.set_num_threads(max(int(cfg.loop.worker_threads), 1))
@@ -138,7 +145,7 @@ def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_i
     step = store.max_step(worker=worker) + 1
     stats = {"gen_tokens": 0.0, "gen_seconds": 0.0, "gen_rollouts": 0.0, "batches": 0.0,
              "wait_seconds": 0.0, "other_seconds": 0.0, **control.read_stats(worker),
-             **_where(parent_pid), "stop_reason": None}
+             **_where(parent_pid, where), "stop_reason": None}
     floor = cfg.loop.replay_floor
     minibatch = cfg.loop.minibatch_size
     tables = RunTables(store, usage, compact_every=0, shared=True,  # the learner compacts for every writer

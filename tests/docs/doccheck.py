@@ -599,7 +599,8 @@ def check_commands(root: Path = ROOT, pages: list[Path] | None = None) -> tuple[
 def not_runnable(command: Command) -> str | None:
     """Why `python -m flows.train --cfg` with this command's overrides is not run here (None:
     it is run): it names a saved run (resume, fork), presets elsewhere (--config-dir), a path or
-    address of the writer's machine (its value starts with / or ~ or holds ://), a vLLM
+    address of the writer's machine (its value starts with / or ~ or holds ://, or a Ray head's
+    HOST:PORT in ray.address), a vLLM
     generator (a GPU), or a custom task or reward term (their code is imported)."""
     args = list(command.args)
     if any(a.startswith("--config-dir") for a in args):
@@ -610,7 +611,7 @@ def not_runnable(command: Command) -> str | None:
             continue
         if key in ("resume", "fork"):
             return f"{key}= needs a saved run"
-        if value.startswith(("/", "~")) or "://" in value:
+        if value.startswith(("/", "~")) or "://" in value or key == "ray.address":
             return f"{key}= names a path or address of another machine"
         if key in ("generator", "generator.backend") and value == "vllm":
             return "vLLM needs a GPU"

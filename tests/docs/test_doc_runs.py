@@ -3,7 +3,8 @@
 `python -m flows.train --cfg` composes and validates the configuration of each distinct override
 set of the training commands in README.md and docs/ (one process per set). A training command is
 not run where it needs what this machine lacks (doccheck.not_runnable: a saved run for resume
-or fork, presets of --config-dir, a path or address of the writer's machine, a GPU for vLLM,
+or fork, presets of --config-dir, a path or address of the writer's machine (a Ray head's
+too), a GPU for vLLM,
 the user's code for a custom task or reward term) or elides arguments (`...`); the parse and
 composition tests (test_doc_commands.py) still check it.
 """
