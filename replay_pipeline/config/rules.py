@@ -247,8 +247,8 @@ def _engine_problems(loop: Any) -> list[str]:
         problems.append(f"loop.engine={loop.engine!r} is not one of {list(LOOP_ENGINES)}: `local` runs the "
                         "generators as processes of the flow, `dask` as tasks on a Dask cluster, `ray` as "
                         "actors on a Ray cluster")
-    if loop.engine in ("dask", "ray") and loop.mode != "async":
-        problems.append(f"loop.engine={loop.engine} runs the async loop's generators on {loop.engine.title()}; add "
+    if loop.engine == "dask" and loop.mode != "async":
+        problems.append("loop.engine=dask runs the async loop's generators on Dask; add "
                         "loop=async (the sync loop generates in the learner's own process)")
     if loop.dask_address is not None:
         if loop.engine != "dask":
@@ -271,6 +271,10 @@ def _learner_problems(learner: Any, loop: Any) -> list[str]:
         problems.append(f"learner.world_size={learner.world_size} with loop.engine=dask: a learner rank is a resident "
                         "process with its own process group, which a Dask task is not; use loop.engine=local "
                         "(ranks as child processes) or loop.engine=ray (ranks as Ray actors)")
+    if loop.engine == "ray" and loop.mode != "async" and learner.world_size == 1:
+        problems.append("loop.engine=ray with the sync loop and one learner process places nothing on Ray: add "
+                        "loop=async (generators as Ray actors) or learner.world_size=N (the learner's ranks as Ray "
+                        "actors)")
     return problems
 
 

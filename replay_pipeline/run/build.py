@@ -37,6 +37,7 @@ from replay_pipeline.run.lineage import (RUN_INFO, check_resume_tables, note_end
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.preflight import preflight
 from replay_pipeline.run.ranks import LearnerRanks, launch_processes, learner_kwargs, make_learner
+from replay_pipeline.run.ray_ranks import ActorLauncher
 from replay_pipeline.run.replay import ReplaySampler
 from replay_pipeline.run.settings import Settings, build_settings
 from replay_pipeline.system.runs import RunPaths, new_run_id
@@ -177,10 +178,15 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
 
 def _start_ranks(settings: Settings, log: Callable[[str], Any]) -> LearnerRanks:
     """The learner's other data-parallel ranks (learner.world_size - 1), started by
-    loop.engine and joined in one process group with this process as rank 0."""
-    ln = settings.learner
-    return LearnerRanks.start(ln.world_size, ln.timeout, ln.backend, resolve_device(settings.model.device),
-                              settings.model.torch_threads, launch_processes, log=log)
+    loop.engine (child processes, or Ray actors in their placement group) and joined in one
+    process group with this process as rank 0."""
+    ln, device = settings.learner, resolve_device(settings.model.device)
+    launch, host, close = launch_processes, "127.0.0.1", None
+    if settings.loop.engine == "ray":
+        actors = ActorLauncher(settings, device.type, log)
+        launch, host, close = actors.launch, actors.host, actors.close
+    return LearnerRanks.start(ln.world_size, ln.timeout, ln.backend, device, settings.model.torch_threads, launch,
+                              host=host, log=log, on_close=close)
 
 
 def _kept(run: TrainingRun) -> str:

@@ -50,10 +50,11 @@ from replay_pipeline.buffer.usage import UsageStore
 from replay_pipeline.config import DASK_INSTALL, RAY_INSTALL, TASK_DEFAULTS, ConfigError
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.system.lease import LeaseHeld, holder
-from replay_pipeline.models.device import device_problem
+from replay_pipeline.models.device import device_problem, resolve_device
 from replay_pipeline.models.packaged import PACKAGED, is_prepared, packaged_problems
 from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.ray_engine import check_placement
+from replay_pipeline.run.ray_ranks import rank_bundles
 from replay_pipeline.run.lineage import check_resume_tables, start_point
 from replay_pipeline.system.runs import RunPaths, ensure_writable
 from replay_pipeline.tasks import CUSTOM, task_from_config
@@ -83,8 +84,8 @@ def preflight(cfg: Any) -> None:
     _probe_buffer_storage(cfg.buffer)
     if cfg.loop.mode == "async" and cfg.loop.engine == "dask" and cfg.loop.dask_address:
         check_dask_scheduler(cfg.loop.dask_address)  # an unreachable scheduler fails here
-    if cfg.loop.mode == "async" and cfg.loop.engine == "ray":
-        check_placement(cfg)  # ray missing, an unreachable cluster, or bundles that cannot fit fail here
+    if cfg.loop.engine == "ray":  # an unreachable cluster, or bundles that cannot fit, fail here
+        check_placement(cfg, rank_bundles(cfg, resolve_device(cfg.model.device).type))
 
 
 def _model_problems(model: Any) -> list[str]:

@@ -194,8 +194,10 @@ class LearnerRanks:
     round's minibatches to the other ranks with `round` before rank 0's own apply_updates,
     end with `close`."""
 
-    def __init__(self, store: Any, handles: dict[int, Any], world_size: int, timeout: float):
+    def __init__(self, store: Any, handles: dict[int, Any], world_size: int, timeout: float,
+                 on_close: Callable[[], Any] | None = None):
         self.store = store
+        self.on_close = on_close  # the engine's resources (a Ray session and placement group)
         self.handles = handles
         self.world_size = world_size
         self.timeout = timeout
@@ -210,8 +212,8 @@ class LearnerRanks:
 
     @classmethod
     def start(cls, world_size: int, timeout: float, backend: str, device: torch.device, threads: int,
-              launch: Callable[..., dict[int, Any]], host: str = "127.0.0.1", log: Callable[[str], Any] = print
-              ) -> "LearnerRanks":
+              launch: Callable[..., dict[int, Any]], host: str = "127.0.0.1", log: Callable[[str], Any] = print,
+              on_close: Callable[[], Any] | None = None) -> "LearnerRanks":
         """Host the store, start ranks 1..N-1 with `launch(ranks, args_for)` (it returns
         {rank: handle}; `args_for(rank)` gives learner_rank's arguments), and join the process
         group as rank 0. Raises RankLost naming the ranks that did not join within `timeout`."""
@@ -229,13 +231,15 @@ class LearnerRanks:
 
         began = time.perf_counter()
         handles = launch(list(range(1, world_size)), args_for)
-        ranks = cls(store, handles, world_size, timeout)
+        ranks = cls(store, handles, world_size, timeout, on_close)
         try:
             ranks.wait_started()
             dist.init_process_group(backend, store=store, rank=0, world_size=world_size,
                                      timeout=timedelta(seconds=timeout))
         except Exception as exc:
             ranks.kill()
+            if on_close is not None:
+                on_close()
             if isinstance(exc, RankLost):
                 raise
             raise RankLost(f"the learner's {world_size} ranks did not form a process group within "
@@ -331,6 +335,8 @@ class LearnerRanks:
         self.kill()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.on_close is not None:
+            self.on_close()
 
     def kill(self) -> None:
         for handle in self.handles.values():

@@ -84,11 +84,13 @@ def local_node(ray_cfg: Any) -> dict[str, float]:
     return {"CPU": float(ray_cfg.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}
 
 
-def check_placement(cfg: Any) -> None:
+def check_placement(cfg: Any, more: tuple[list[dict[str, float]], list[str]] = ([], [])) -> None:
     """The pre-flight's check of loop.engine=ray (ray installed): the cluster at ray.address
-    answers, and the generators' bundles fit its nodes (or the local instance's resources).
-    Raises ConfigError saying how to fix it; starts no Ray instance."""
-    bundles, what = generator_bundles(cfg.loop, cfg.generator.backend)
+    answers, and the generators' bundles (async loop) and the bundles `more` (the learner's
+    other ranks) fit its nodes (or the local instance's resources). Raises ConfigError saying
+    how to fix it; starts no Ray instance."""
+    bundles, what = generator_bundles(cfg.loop, cfg.generator.backend) if cfg.loop.mode == "async" else ([], [])
+    bundles, what = bundles + more[0], what + more[1]
     address = cfg.ray.address
     if address is None:
         nodes, where = [local_node(cfg.ray)], "this machine (a local instance, ray.address null)"
@@ -99,7 +101,9 @@ def check_placement(cfg: Any) -> None:
             nodes = alive_nodes(ray)
     problem = placement_problem(bundles, what, nodes, where)
     if problem:
-        raise ConfigError(f"Invalid configuration:\n  - loop.engine=ray cannot place the generators: {problem}; "
+        whose = " and ".join(name for name, prefix in (("the generators", "generator"), ("the learner's ranks", "learner"))
+                             if any(w.startswith(prefix) for w in what))
+        raise ConfigError(f"Invalid configuration:\n  - loop.engine=ray cannot place {whose}: {problem}; "
                           f"{placement_fix(address)}")
 
 
@@ -160,6 +164,19 @@ def ray_connection(ray_cfg: Any, log: Callable[[str], Any] | None = None) -> Ite
         yield where
     finally:
         ray.shutdown()  # a local instance's processes end with it; a joined cluster stays
+
+
+@contextmanager
+def ray_session(ray_cfg: Any, log: Callable[[str], Any] | None = None) -> Iterator[str]:
+    """`ray_connection`, unless this process is a Ray driver already (the learner's ranks
+    joined the cluster when the run was built): then that connection, left open for its owner."""
+    import ray  # optional dependency (the ray extra)
+
+    if ray.is_initialized():
+        yield str(ray_cfg.address or f"{ray.get_runtime_context().gcs_address} (a local Ray instance of this run)")
+        return
+    with ray_connection(ray_cfg, log) as where:
+        yield where
 
 
 def ray_placement(bundles: list[dict[str, float]], strategy: str, timeout: float, what: list[str],
@@ -276,7 +293,7 @@ class RayGenerators:
 def ray_generators(settings: Any, log: Callable[[str], Any] = print) -> Iterator[RayGenerators]:
     """loop.engine=ray for the body of the `with`: the Ray connection (`ray_connection`) and the
     generators' placement group (SPREAD, one bundle each), removed at the end."""
-    with ray_connection(settings.ray, log) as where:
+    with ray_session(settings.ray, log) as where:
         import ray  # optional dependency (the ray extra), connected above
         from ray.util.placement_group import remove_placement_group
 

@@ -19,7 +19,10 @@ from replay_pipeline.run.ray_engine import check_placement
 @pytest.mark.parametrize("overrides, message", [
     (["loop=async", "loop.engine=spark"], "loop.engine='spark' is not one of ['local', 'dask', 'ray']"),
     (["loop.engine=dask"], "add loop=async"),
-    (["loop.engine=ray"], "loop.engine=ray runs the async loop's generators on Ray; add loop=async"),
+    (["loop.engine=ray"], "loop.engine=ray with the sync loop and one learner process places nothing on Ray: add "
+                          "loop=async"),
+    (["loop.engine=dask", "loop=async", "learner.world_size=2"], "a learner rank is a resident process"),
+    (["learner.backend=mpi"], "learner.backend='mpi' is not one of ['auto', 'gloo', 'nccl']"),
     (["loop=async", "ray.address=10.0.0.5:6379"], "ray.address=10.0.0.5:6379 is only used with loop.engine=ray"),
     (["loop=async", "loop.engine=ray", "ray.address=10.0.0.5"], "is not a Ray head's address; give HOST:PORT"),
     (["loop=async", "loop.engine=ray", "ray.address=10.0.0.5:6379", "ray.num_cpus=2"],
