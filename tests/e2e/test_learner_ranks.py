@@ -5,7 +5,8 @@ stopped ends (rollouts, usage records, the checkpoint's weights and optimizer st
 replicated ranks and for a sharded learner (learner.shard=fsdp2: the resume's start loads the
 checkpoint's one-process state into both ranks' shards); a rank that stops answering is caught
 by learner.timeout instead of hanging the run (replicated ranks only: the collectives differ
-under FSDP2, the guard around them does not)."""
+under FSDP2, the guard around them does not); an async run with a sharded learner publishes the
+whole weights rank 0 gathers."""
 
 from __future__ import annotations
 
@@ -93,3 +94,16 @@ def test_a_rank_that_stops_answering_ends_the_run_at_the_timeout(root):
     assert "learner step 2 failed across the learner's 2 ranks, none of which exited" in line, line
     assert "learner.timeout=8 s" in line and "resume with: python -m flows.train resume=hung" in line
     assert took < 150, took  # start-up, the warm start's cache, one step and the 8 s timeout; not a hang
+
+
+def test_an_async_run_with_a_sharded_learner_publishes_the_gathered_weights(root):
+    """loop=async with learner.shard=fsdp2: the generator process samples from the whole weights
+    rank 0 gathers after each round and publishes (the starting ones from before the sharding);
+    the newest published version is the final checkpoint's weights, bit for bit."""
+    done = train(root, *TINY_OVERRIDES, "run_id=async-fsdp2", "loop=async", "loop.steps=4", "loop.checkpoint_every=2",
+                 "loop.eval_every=0", "loop.passk_every=0", "learner.world_size=2", "learner.shard=fsdp2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    published = torch.load(root / "async-fsdp2" / "weights" / "v-000004" / "weights.pt", weights_only=True)
+    final = weights(root, "async-fsdp2", 4)
+    assert all(torch.equal(published[k], v) for k, v in final.items())
+    assert len(set(rows(root, "async-fsdp2")["policy_version"])) > 1  # the generator loaded later versions
