@@ -92,7 +92,8 @@ class TrainingRun:
     reward_terms: list[Any] = field(default_factory=list)
     """The weighted reward terms added to the verifier in training (reward.terms; scoring.RewardTerm)."""
     ranks: LearnerRanks | None = None
-    """learner.world_size > 1: the other data-parallel ranks (run/ranks.py), given each round."""
+    """learner.world_size > 1: the other data-parallel ranks (run/ranks.py), given each round
+    (learner.shard=fsdp2: also asked for the whole state, run/handover.py)."""
 
     @property
     def run_id(self) -> str:
