@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LEARNER_BACKENDS, LOOP_ENGINES, LOOP_MODES,
-                                           LOSS_AGGREGATIONS, TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS,
+from replay_pipeline.config.schema import (GENERATOR_BACKENDS, LEARNER_BACKENDS, LEARNER_SHARDS, LOOP_ENGINES,
+                                           LOOP_MODES, LOSS_AGGREGATIONS, TASK_DEFAULTS, VLLM_DTYPES, VLLM_ONLY_FIELDS,
                                            AlgoConfig, Config, ConfigError, GeneratorConfig, RayConfig)
 from replay_pipeline.algo.reuse import RULES
 from replay_pipeline.tasks import CUSTOM, TASKS, unused_task_fields
@@ -262,11 +262,19 @@ def _engine_problems(loop: Any) -> list[str]:
 
 
 def _learner_problems(learner: Any, loop: Any) -> list[str]:
-    """The learner's ranks (learner.*): a backend torch.distributed has, and an engine that
-    can hold a rank (a Dask task cannot: it runs in a thread of a shared worker process)."""
+    """The learner's ranks (learner.*): a backend torch.distributed has, an engine that can
+    hold a rank (a Dask task cannot: it runs in a thread of a shared worker process), and a
+    shard mode with ranks to shard over."""
     problems = []
     if learner.backend not in LEARNER_BACKENDS:
         problems.append(f"learner.backend={learner.backend!r} is not one of {list(LEARNER_BACKENDS)}")
+    if learner.shard is not None and learner.shard not in LEARNER_SHARDS:
+        problems.append(f"learner.shard={learner.shard!r} is not one of {[None, *LEARNER_SHARDS]}: null keeps the "
+                        "whole model on every rank, fsdp2 shards it over the ranks")
+    elif learner.shard is not None and learner.world_size < 2:
+        problems.append(f"learner.shard={learner.shard} shards the model over the learner's ranks, and "
+                        f"learner.world_size={learner.world_size} has one; add learner.world_size=2 (or more), "
+                        "or drop learner.shard")
     if learner.world_size > 1 and loop.engine == "dask":
         problems.append(f"learner.world_size={learner.world_size} with loop.engine=dask: a learner rank is a resident "
                         "process with its own process group, which a Dask task is not; use loop.engine=local "

@@ -498,9 +498,10 @@ class ReuseConfig:
 @dataclass
 class LearnerConfig:
     """The learner's processes (replay_pipeline/run/ranks.py): one by default; with
-    `world_size` N > 1, N data-parallel ranks, each a replica of the model and its optimizer
-    training on its share of every minibatch, gradients all-reduced. Rank 0 is the flow's own
-    process; the others are started by loop.engine (local: child processes; ray: actors)."""
+    `world_size` N > 1, N data-parallel ranks, each training on its share of every minibatch:
+    replicas of the model and its optimizer with gradients all-reduced, or (`shard=fsdp2`)
+    shards of them. Rank 0 is the flow's own process; the others are started by loop.engine
+    (local: child processes; ray: actors)."""
     world_size: int = bounded(1, ge=1, integer=True)
     """Data-parallel ranks (N). Each minibatch is drawn once and split by rows: keep
     loop.minibatch_size (and algo.micro_batch_size) in mind, a rank with no rows still takes part."""
@@ -510,6 +511,12 @@ class LearnerConfig:
     """Seconds any collective (the start's broadcast of the weights, each step's all-reduce) may
     take before the run stops with an error naming the ranks: a rank with a small share waits
     in the all-reduce for the slowest, so keep it above one learner step's time."""
+    shard: Optional[str] = None
+    """None: every rank holds the whole model and AdamW state (replicated; right where they fit
+    one device). fsdp2: each rank holds 1/world_size of them (FSDP2, replay_pipeline/training/
+    sharding.py), for a model that does not fit; needs world_size > 1. Checkpoints, published
+    weights and the MLflow model are the gathered whole state, as a one-process run writes them;
+    rank 0 also keeps a whole copy for its generator (replay_pipeline/run/handover.py says why)."""
 
 
 @dataclass
@@ -551,3 +558,5 @@ GENERATOR_BACKENDS = ("transformers", "vllm")  # replay_pipeline.generation.buil
 LOOP_MODES = ("sync", "async")
 LOOP_ENGINES = ("local", "dask", "ray")
 LEARNER_BACKENDS = ("auto", "gloo", "nccl")
+#: learner.shard, besides None (replicated ranks).
+LEARNER_SHARDS = ("fsdp2",)

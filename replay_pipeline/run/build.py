@@ -32,6 +32,7 @@ from replay_pipeline.models.policy import load_policy
 from replay_pipeline.run.accounting import Accounting
 from replay_pipeline.run.batches import LEARN_COLUMNS, quiet_transformers, reward_terms
 from replay_pipeline.run.files import AsyncDir
+from replay_pipeline.run.handover import snapshot, start_state
 from replay_pipeline.run.lineage import (RUN_INFO, check_resume_tables, note_end, open_tables, open_tracker,
                                         restore, start_point, write_run_info)
 from replay_pipeline.run.phases import TrainingRun
@@ -125,13 +126,16 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
     model.to(resolve_device(settings.model.device))  # the learner's device; a transformers generator copies it there
     # By generator.backend; a vLLM engine loads the checkpoint directory the policy came from.
     generator = build_generator(settings.generator, model, tokenizer, checkpoint_dir=policy_info.get("path"))
-    if callable(getattr(generator, "share_weights", None)):  # not across a separate engine (vLLM)
+    sharded = settings.learner.shard is not None  # FSDP2: the generator keeps its own whole copy (run/handover.py)
+    if callable(getattr(generator, "share_weights", None)) and not sharded:  # nor across an engine (vLLM)
         generator.share_weights(model)  # the learner's updates are the generator's (no copy per round)
     kwargs = learner_kwargs(settings, generator.pad_id)
     watch = settings.reuse.group if settings.reuse.rule == "grad_spike" else None  # grad_spike's signal
     ranks = _start_ranks(settings, log) if settings.learner.world_size > 1 else None
     try:  # the other ranks stopped if the build fails
+        whole = snapshot(model) if sharded else None  # version 0, whole, before the learner shards it in place
         learner = make_learner(model, kwargs, watch, None if ranks is None else ranks.group)
+        whole = None if whole is None else start_state(learner, whole)
 
         resolved = settings.container()
         if mode != "resume" or not tracker.params():  # a resume of a run stopped in its warm start too
@@ -143,7 +147,8 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
         accounting = Accounting(ComputeLedger(parameters=learner.num_parameters()), async_loop=settings.async_loop)
         policy_version, start_step, history = 0, 0, {}
         if start is not None:
-            start_step, policy_version, history = restore(learner, generator, accounting.ledger, settings.algo, *start)
+            start_step, policy_version, history = restore(learner, generator, accounting.ledger, settings.algo, *start,
+                                                          sharded=whole)
         b = settings.buffer
         cache = WindowCache(store, usage, [*META_COLUMNS, *LEARN_COLUMNS],
                             keep=settings.window_size + 4 * settings.rollouts_per_step, shared=settings.async_loop,
@@ -158,13 +163,13 @@ def _build(settings: Settings, mode: str, paths: RunPaths, start: Any, lineage: 
                           heldout=list(task.heldout_prompts()), policy_info=policy_info, lineage=lineage,
                           policy_version=policy_version, start_step=start_step, history=history, reward_terms=terms)
         if settings.async_loop:
-            _start_async(run, mode)
+            _start_async(run, mode, None if whole is None else whole["model"])
         else:
             run.stored_through = store.max_step() if mode != "new" else -1
             run.sampler.used_through = usage.max_learner_step() if mode != "new" else -1
             run.window_end = store.seq_end(run.start_step - 1) if run.start_step > 0 else 0
         if ranks is not None:  # after the restore: every rank starts from rank 0's state
-            ranks.begin(learner, model.config.to_dict(), kwargs, watch)
+            ranks.begin(learner, model.config.to_dict(), kwargs, watch, whole)
             run.ranks = ranks
         if mode != "new":
             log(f"{mode} {run.run_id} at step {run.start_step} (policy version {run.policy_version}): "
@@ -199,14 +204,15 @@ def _kept(run: TrainingRun) -> str:
     return f"{steps} steps of rollouts already stored will be reused, not regenerated"
 
 
-def _start_async(run: TrainingRun, mode: str) -> None:
-    """Publish the starting weights for the generator processes and clear the STOP flag.
-    On resume, the usage records of learner steps the checkpoint does not contain are
-    deleted (they describe updates lost with the stopped learner; the async loop is not
-    replayed step by step), while every stored rollout stays buffer data."""
+def _start_async(run: TrainingRun, mode: str, whole: dict[str, Any] | None) -> None:
+    """Publish the starting weights for the generator processes (`whole`: a sharded learner's,
+    as one process holds them) and clear the STOP flag. On resume, the usage records of learner
+    steps the checkpoint does not contain are deleted (they describe updates lost with the
+    stopped learner; the async loop is not replayed step by step), while every stored rollout
+    stays buffer data."""
     run.weights = WeightStore(run.paths.run_dir / "weights")
-    run.weights.publish_base(run.learner.model, run.tokenizer)
-    run.weights.publish(run.learner.state_dict(), run.policy_version)
+    run.weights.publish_base(run.learner.model, run.tokenizer, whole)
+    run.weights.publish(run.learner.state_dict() if whole is None else whole, run.policy_version)
     run.control = AsyncDir.of(run.paths.run_dir)
     run.control.reset()
     run.accounting.workers = run.control.totals(run.settings.loop.workers)  # a resume's earlier batches

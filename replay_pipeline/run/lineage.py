@@ -353,19 +353,27 @@ def checkpoint_state(run: Any, tag: str, versions: dict[str, int]) -> dict[str, 
 
 
 def restore(learner: Any, generator: Any, ledger: ComputeLedger, algo: Any, path: Path,
-            state: dict[str, Any]) -> tuple[int, int, dict[str, list[tuple[int, float]]]]:
+            state: dict[str, Any], sharded: dict[str, Any] | None = None
+            ) -> tuple[int, int, dict[str, list[tuple[int, float]]]]:
     """Load a verified checkpoint's weights, optimizer, RNG states and compute totals into a
     freshly built learner, generator and ledger (with `algo`, the run's own hyper-parameters:
-    a fork's may differ, a resume's are the same, over the saved moments). Returns (step,
-    policy version, evaluation history)."""
+    a fork's may differ, a resume's are the same, over the saved moments). A sharded learner
+    (FSDP2) cannot take them alone: its weights and optimizer state go into `sharded` (the
+    whole state LearnerRanks.begin then loads into every rank's shards) and the generator loads
+    the checkpoint's weights. Returns (step, policy version, evaluation history)."""
     weights, _ = load_pretrained(path / "model")
-    learner.model.load_state_dict(weights.state_dict())
-    learner.optimizer.load_state_dict(load_optimizer_state(path))
-    for group in learner.optimizer.param_groups:
+    optimizer = load_optimizer_state(path)
+    for group in optimizer["param_groups"]:
         group.update(lr=algo.lr, betas=(algo.adam_beta1, algo.adam_beta2), weight_decay=algo.weight_decay)
     learner.steps = int(state["learner_steps"])
     policy_version = int(state["policy_version"])
-    generator.load_weights(learner.state_dict(), policy_version)
+    if learner.sharded:
+        sharded.update(model=weights.state_dict(), optimizer=optimizer)
+        generator.load_weights(sharded["model"], policy_version)
+    else:
+        learner.model.load_state_dict(weights.state_dict())
+        learner.optimizer.load_state_dict(optimizer)
+        generator.load_weights(learner.state_dict(), policy_version)
     restore_rng(state["rng"])
     for key, value in state.get("compute", {}).items():
         if key in ledger.totals:

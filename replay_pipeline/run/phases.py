@@ -92,7 +92,8 @@ class TrainingRun:
     reward_terms: list[Any] = field(default_factory=list)
     """The weighted reward terms added to the verifier in training (reward.terms; scoring.RewardTerm)."""
     ranks: LearnerRanks | None = None
-    """learner.world_size > 1: the other data-parallel ranks (run/ranks.py), given each round."""
+    """learner.world_size > 1: the other data-parallel ranks (run/ranks.py), given each round
+    (learner.shard=fsdp2: also asked for the whole state, run/handover.py)."""
 
     @property
     def run_id(self) -> str:
@@ -189,11 +190,14 @@ class TrainingRun:
         publish_start = time.perf_counter()
         trained = self.policy_version  # the version these learner steps started from
         self.policy_version += 1
+        whole = self.ranks.gather(self.learner)[0] if self.learner.sharded else None  # FSDP2: onto rank 0
         if self.generator.shares_weights:  # the optimizer's in-place update is already there
             self.generator.policy_version = self.policy_version
         else:
-            self.generator.load_weights(self.learner.state_dict(), self.policy_version)
-        if self.weights is not None:  # async: to the generator processes (written off-thread)
+            self.generator.load_weights(self.learner.state_dict() if whole is None else whole, self.policy_version)
+        if self.weights is not None and whole is not None:  # async: to the generator processes (off-thread)
+            self.weights.publish_in_background(whole, self.policy_version)  # (a copy already)
+        elif self.weights is not None:
             self.weights.publish_copy_in_background(self.learner.model.state_dict(), self.policy_version)
         publish_seconds = time.perf_counter() - publish_start
         record_start = time.perf_counter()
@@ -298,9 +302,10 @@ class TrainingRun:
         self.tracker.flush()  # the metrics of the steps this checkpoint covers are stored first
         if self.weights is not None:
             self.weights.flush()
+        whole = self.ranks.gather(self.learner, optimizer=True) if self.learner.sharded else None  # FSDP2
         path = save_checkpoint(self.paths.checkpoints, step, self.learner.model, self.tokenizer,
                                self.learner.optimizer, state, keep=self.settings.loop.keep_checkpoints,
-                               before_rename=lambda tmp: faults.crash_point("checkpoint_write", step))
+                               before_rename=lambda tmp: faults.crash_point("checkpoint_write", step), whole=whole)
         faults.crash_point("after_checkpoint", step)
         self.tracker.set_tags({"checkpoint.latest": str(path), "checkpoint.latest_step": str(step)})
         # The buffer this checkpoint saw, as the run's dataset input (source: Lance URI and version).

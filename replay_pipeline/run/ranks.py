@@ -1,15 +1,17 @@
 """The learner's data-parallel ranks (`learner.world_size` > 1): rank 0 is the run's own
 learner in the flow's process, ranks 1..N-1 are processes of their own (`loop.engine=local`:
 spawned children; `loop.engine=ray`: Ray actors placed by replay_pipeline/run/ray_engine.py)
-that hold a replica of the model and its optimizer and take part in every learner step.
+that hold a replica of the model and its optimizer (or, with learner.shard=fsdp2, a shard of
+them) and take part in every learner step.
 
     flow process: rank 0                                   rank r: a process or a Ray actor
     ────────────────────                                   ────────────────────────────────
     TCPStore (command channel) + process group ◄──────────► join the group (learner.timeout)
     "start": the learner's settings, model config ─────────► build the model and the Learner
-    broadcast weights, reference, optimizer, step count ───► load them
+    broadcast weights, reference, optimizer, step count ───► load them (FSDP2: their shards)
     each round: "round" + the drawn minibatches ───────────► apply_updates on the same minibatches
       apply_updates: its share of the rows ◄── all-reduce ──►  its share of the rows
+    FSDP2, each round and checkpoint: "gather" ◄──────────► the whole state onto rank 0
     close: "stop" ─────────────────────────────────────────► leave the group, exit
 
 Decisions:
@@ -18,16 +20,27 @@ Decisions:
   MLflow model and vLLM's loading are rank 0's, exactly as in a one-process run, and a run may
   resume with another world size. That suits a model whose weights, gradients and optimizer
   state fit one device; sharding them (FSDP2) is for larger ones.
+* **Sharded (learner.shard=fsdp2): the whole state only through collectives.** Each rank holds
+  1/N of the weights, gradients and AdamW moments (replay_pipeline/training/sharding.py). What
+  a run does with the weights goes through rank 0's one-process copy of them, made by a
+  collective every rank joins: the start loads rank 0's weights (a resume's checkpoint) into
+  every shard, each round ends with a "gather" of the weights for rank 0's generator (its own
+  whole copy: it cannot sample from a shard) and the async loop's publication, and each
+  checkpoint gathers the weights and optimizer state, so a checkpoint is a one-process run's
+  and loads anywhere one does. replay_pipeline/run/handover.py has the details and what rank
+  0 holds in memory. Nothing a run can be configured to do needs Learner.gradient() (refused
+  under FSDP2): reuse rules read the step's diagnostics, grad_spike's norm is all-reduced, and
+  `measure` builds its own one-process learner from a checkpoint.
 * **Drawn once, handed to every rank.** Rank 0 alone reads the buffer, draws the minibatches,
   writes the usage records, checkpoints and publishes; the other ranks open no table, write
   no file and need no shared filesystem: their model's configuration, the learner's
   settings and every round's minibatches (a few hundred KB) reach them through the process
   group's own key-value store (`TCPStore`, hosted by rank 0), the weights and optimizer state
   through a broadcast at start. Each rank then trains on its contiguous share of the rows
-  (Learner._parts) and the sums of gradients and diagnostics are all-reduced, so every rank
-  takes the update one process would take on the whole minibatch (equal within float
-  rounding: tests/integration/test_learner_ranks.py), and adaptive reuse decides alike on
-  every rank (it reads the all-reduced diagnostics).
+  (Learner._parts) and the sums of gradients and diagnostics are all-reduced (FSDP2: the
+  gradients reduce-scattered), so every rank takes the update one process would take on the
+  whole minibatch (equal within float rounding: tests/integration/test_learner_ranks.py), and
+  adaptive reuse decides alike on every rank (it reads the all-reduced diagnostics).
 * **Nothing hangs without an error.** Every collective (the start's broadcast, each step's
   all-reduce) runs under `learner.timeout` seconds. Between rounds a rank waits on the store
   for the next command in short polls, with no limit (rank 0 may spend an hour evaluating),
@@ -53,6 +66,7 @@ import torch
 import torch.distributed as dist
 
 from replay_pipeline.algo.reuse import ReusePolicy, apply_updates
+from replay_pipeline.run.handover import WholeState, gather_state, receive_state, send_state
 from replay_pipeline.system import faults
 from replay_pipeline.training.learner import Learner
 
@@ -79,7 +93,7 @@ def learner_kwargs(settings: Any, pad_id: int) -> dict[str, Any]:
                 kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, loss_agg=a.loss_agg,
                 max_grad_norm=a.max_grad_norm, weight_decay=a.weight_decay,
                 betas=(a.adam_beta1, a.adam_beta2), temperature=settings.generator.temperature, pad_id=pad_id,
-                micro_batch_size=a.micro_batch_size)
+                micro_batch_size=a.micro_batch_size, shard=settings.learner.shard)
 
 
 def make_learner(model: Any, kwargs: dict[str, Any], watch: str | None, group: Any = None) -> Learner:
@@ -132,6 +146,9 @@ def learner_rank(rank: int, world_size: int, host: str, port: int, timeout: floa
             n += 1
             if kind == "stop":
                 break
+            if kind == "gather":  # FSDP2: the whole state onto rank 0 (a checkpoint, the generator's weights)
+                gather_state(learner, optimizer=payload)
+                continue
             minibatches, policy = payload
             faults.crash_point("learner_rank", learner.steps)
             apply_updates(learner, minibatches, policy)
@@ -161,30 +178,6 @@ def _next_command(store: Any, n: int, parent_pid: int | None) -> tuple[str, Any]
                 raise RankLost(f"rank 0's store stopped answering ({exc}): the run ended") from exc
         if parent_pid is not None and os.getppid() != parent_pid:
             raise RankLost("rank 0 (the flow's process) is gone")
-
-
-def send_state(learner: Learner) -> None:
-    """Rank 0: broadcast the weights, the KL reference's weights, the optimizer state and the
-    step count to every rank (collectives under learner.timeout); every other rank calls
-    `receive_state` at the same time."""
-    _broadcast_state(learner)
-
-
-def receive_state(learner: Learner) -> None:
-    """Ranks > 0: the counterpart of `send_state`."""
-    _broadcast_state(learner)
-
-
-def _broadcast_state(learner: Learner) -> None:
-    for module in (learner.model, learner.reference):
-        if module is not None:
-            for tensor in module.state_dict().values():
-                dist.broadcast(tensor, src=0)
-    box = [learner.optimizer.state_dict(), learner.steps] if dist.get_rank() == 0 else [None, None]
-    dist.broadcast_object_list(box, src=0)
-    if dist.get_rank() != 0:
-        learner.optimizer.load_state_dict(box[0])
-        learner.steps = int(box[1])
 
 
 # --------------------------------------------------------------------------- rank 0's side
@@ -280,13 +273,25 @@ class LearnerRanks:
             self.store.delete_key(f"{_KEY}cmd/{n}")
         self.dropped = self.sent
 
-    def begin(self, learner: Learner, model_config: dict[str, Any], kwargs: dict[str, Any], watch: str | None) -> None:
-        """Describe the learner to the other ranks and broadcast its state (after a resume's
-        restore: every rank starts where rank 0 is)."""
+    def begin(self, learner: Learner, model_config: dict[str, Any], kwargs: dict[str, Any], watch: str | None,
+              whole: WholeState | None = None) -> None:
+        """Describe the learner to the other ranks and hand them its state (after a resume's
+        restore: every rank starts where rank 0 is); under FSDP2 `whole` is that state, as one
+        process holds it (replay_pipeline/run/handover.py)."""
         dtype = next(learner.model.parameters()).dtype
         self.send("start", {"model_config": model_config, "kwargs": kwargs, "watch": watch, "dtype": dtype})
-        self.guard("the start's broadcast of the weights", lambda: send_state(learner))
+        self.guard("the start's broadcast of the weights", lambda: send_state(learner, whole))
         self.read_by_all()
+
+    def gather(self, learner: Learner, optimizer: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """FSDP2: the whole weights (and with `optimizer` the optimizer state) on rank 0 in the
+        one-process format, every other rank joining the gather (handover.gather_state)."""
+        self.check_alive(learner)
+        self.send("gather", optimizer)
+        out = self.guard(f"the gather of the learner's state after learner step {learner.steps}",
+                         lambda: gather_state(learner, optimizer))
+        self.read_by_all()
+        return out
 
     def round(self, learner: Learner, minibatches: Sequence[dict], policy: ReusePolicy) -> Any:
         """Rank 0's apply_updates with every other rank applying the same minibatches."""

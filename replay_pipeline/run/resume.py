@@ -53,9 +53,10 @@ RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_sam
              "ray.address", "ray.num_cpus", "ray.num_gpus", "ray.placement_timeout", "ray.max_restarts",
              "ray.generator_python",
              "loop.rounds_per_task", "buffer.read_ahead", "buffer.commit_seconds",
-             # the learner's ranks: another world size sums the same gradients in another order
-             # (equal within float rounding; bit for bit only with the same one)
-             "learner.world_size", "learner.backend", "learner.timeout")
+             # the learner's ranks: another world size or shard mode sums the same gradients in
+             # another order (equal within float rounding; bit for bit only with the same ones);
+             # a checkpoint holds the one-process state either way
+             "learner.world_size", "learner.backend", "learner.timeout", "learner.shard")
 #: Keys that name or locate a run rather than configure it (never part of the hash); a key
 #: ending in "." covers every key below it (the object store's endpoint and credentials may
 #: change between a run and its resume).

@@ -62,20 +62,23 @@ def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
 
 def save_checkpoint(directory: Path, step: int, model, tokenizer, optimizer,
                     state: dict[str, Any], keep: int,
-                    before_rename: Callable[[Path], None] | None = None) -> Path:
+                    before_rename: Callable[[Path], None] | None = None,
+                    whole: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Path:
     """Write step-NNNNNN atomically and keep the newest `keep`; returns its path.
 
     `before_rename(tmp)` runs after every file is written and before the rename (the
-    fault-injection tests kill the process there)."""
+    fault-injection tests kill the process there). `whole`: the model's and the optimizer's
+    state dicts as one process holds them, written instead of the live ones' (a sharded
+    learner's, gathered onto rank 0: the checkpoint is then a one-process run's)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(step)
     tmp = directory / f"{_TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp / "model")
+    model.save_pretrained(tmp / "model", **({} if whole is None else {"state_dict": whole[0]}))
     tokenizer.save_pretrained(tmp / "model")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(optimizer.state_dict() if whole is None else whole[1], tmp / "optimizer.pt")
     full = {"format": FORMAT_VERSION, "step": step, **state, "manifest": _manifest(tmp)}
     _write_synced(tmp / STATE_FILE, json.dumps(full, indent=2, default=str))
     if before_rename is not None:

@@ -41,7 +41,10 @@ micro-batches computes exactly as a plain step. The group runs in one of two mod
   and publication are gathered onto rank 0 by the sharding module's collectives (`state_dict()`
   is one), in the one-process format. `gradient()` is refused (the gradient exists only as
   shards); `watch()` works (its norm is all-reduced).
-  Tested: tests/integration/test_fsdp2_learner.py (2 ranks against one process).
+  Tested: tests/integration/test_fsdp2_learner.py (2 ranks against one process). A run drives it
+  with learner.world_size=N learner.shard=fsdp2 (replay_pipeline/run/handover.py: how rank 0's
+  generator, checkpoints and publications get the whole state; tests/integration/
+  test_fsdp2_run.py: such a run against one process).
 
 Every step returns diagnostics (the trainer logs them as learn/<name>): loss, entropy,
 clip_frac and truncated_frac (the same number: the fraction of completion tokens whose

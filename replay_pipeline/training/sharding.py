@@ -21,11 +21,11 @@ state on rank 0, in exactly the format a one-process learner's `model.state_dict
 so a checkpoint written from it loads in a one-process run, in evaluation and as a Hugging
 Face directory; and the inverse, a one-process state loaded into the sharded ranks.
 
-`full_model_state`, `full_optimizer_state` and `load_full_state` are collectives over the
-learner's group: every rank must call them, in the same order, or the others wait (for the
-process group's timeout). They run over torch's default process group (torch.distributed.
-checkpoint's gather and broadcast use it), so `shard_model` refuses a group that is not the
-whole default group. `shard_model` is not a collective, but every rank must shard the same model
+`full_model_state`, `full_optimizer_state`, `load_full_state` and `load_full_model_state` are
+collectives over the learner's group: every rank must call them, in the same order, or the
+others wait (for the process group's timeout). They run over torch's default process group
+(torch.distributed.checkpoint's gather and broadcast use it), so `shard_model` refuses a group
+that is not the whole default group. `shard_model` is not a collective, but every rank must shard the same model
 the same way; `unsharded` is one exactly when its DTensor is not already replicated.
 """
 
@@ -86,10 +86,14 @@ def unsharded(tensor: torch.Tensor) -> torch.Tensor:
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Collective (all-gathers over the group; every rank must call it): the sharded model's
     whole state dict on rank 0, on the CPU, key for key what the model's `state_dict()` holds
-    in one process (tied weights under both names); an empty dict on every other rank. A
-    snapshot: no tensor in it is the live model's (an unsharded buffer is copied)."""
+    in one process (tied weights under both names, one tensor, so save_pretrained writes it
+    once as it does in one process); an empty dict on every other rank. A snapshot: no tensor
+    in it is the live model's (an unsharded buffer is copied)."""
     live = {id(t) for t in model.state_dict().values()}
-    return {k: _copy_if(v, live) for k, v in get_model_state_dict(model, options=_GATHER).items()}
+    whole = {k: _copy_if(v, live) for k, v in get_model_state_dict(model, options=_GATHER).items()}
+    first: dict[int, str] = {}  # a parameter's first name; a tied one's other names get that name's tensor
+    tied = {name: first.setdefault(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
+    return {k: whole[tied[k]] if tied.get(k, k) in whole else v for k, v in whole.items()}
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -154,6 +158,13 @@ def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     set_optimizer_state_dict(model, optimizer, by_name, options=_SCATTER)
     for group, saved_group in zip(optimizer.param_groups, param_groups):
         group.update({k: v for k, v in saved_group.items() if k != "params"})
+
+
+def load_full_model_state(model: torch.nn.Module, model_state: dict[str, torch.Tensor] | None) -> None:
+    """Collective (broadcasts from rank 0 over the group; every rank must call it): a whole
+    model state dict (rank 0's; None on the other ranks) into a sharded model that has no
+    optimizer, such as the KL reference."""
+    set_model_state_dict(model, dict(model_state or {}), options=_SCATTER)
 
 
 def _copy_if(value: Any, live: set[int]) -> Any:

@@ -96,12 +96,13 @@ class WeightStore:
     def base(self) -> Path:
         return self.dir / "base"
 
-    def publish_base(self, model, tokenizer) -> Path:
-        """The model skeleton generators load once (written atomically, like a version)."""
+    def publish_base(self, model, tokenizer, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+        """The model skeleton generators load once (written atomically, like a version);
+        `state_dict`: its whole weights when `model`'s are sharded (FSDP2)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".tmp-base-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
         tokenizer.save_pretrained(tmp)
         shutil.rmtree(self.base, ignore_errors=True)
         os.replace(tmp, self.base)

@@ -63,6 +63,8 @@ def test_no_buffer_preset(preset):
     (["resume=bad/name"], "resume="),
     (["fork=some-run"], "<run_id>@<step>"),
     (["fork=some-run@x"], "<run_id>@<step>"),
+    (["learner.shard=fsdp2"], "learner.world_size=1 has one; add learner.world_size=2"),
+    (["learner.world_size=2", "learner.shard=zero3"], "learner.shard='zero3' is not one of [None, 'fsdp2']"),
 ])
 def test_invalid_configuration_says_how_to_fix(overrides, needle):
     with pytest.raises(ConfigError) as err:
