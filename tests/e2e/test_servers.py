@@ -144,3 +144,34 @@ def test_a_deployed_sweep_nests_its_children_under_one_mlflow_parent(servers):
     summary = client.download_artifacts(parent_id, "sweep.json", str(servers["base"]))
     data = json.loads(Path(summary).read_text())
     assert [c["status"] for c in data["children"]] == ["FINISHED", "FINISHED"]
+
+
+def test_a_deployed_run_drives_a_ray_cluster(servers):
+    """A run launched through a Prefect deployment is the driver of an existing Ray cluster
+    (issue 47): the worker's flow process joins it, places a generator actor and a learner
+    rank there, and reports to Prefect and the MLflow server as any deployed run does."""
+    pytest.importorskip("ray", reason="loop.engine=ray needs pip install 'ray==2.60.*'")
+    from mlflow.tracking import MlflowClient
+    from ray.cluster_utils import Cluster
+
+    from tests.engine_runs import read_stats
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        root = servers["base"] / "runs"
+        overrides = [f"tracking.root_dir={root}", *TINY_OVERRIDES, "run_id=deployed-ray", "loop=async",
+                     "loop.engine=ray", f"ray.address={cluster.address}", "learner.world_size=2",
+                     "loop.worker_threads=1", "loop.steps=2", "loop.eval_every=0", "loop.passk_every=0",
+                     f"tracking.mlflow_uri={servers['mlflow']}", "tracking.experiment=deployed-ray"]
+        flow_run = run_deployment(servers, "train/train", {"overrides": overrides})
+        tasks = prefect_api(servers, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}}})
+        assert {t["name"]: t["state_type"] for t in tasks}["generator-0"] == "COMPLETED"
+        stats = read_stats(root, "deployed-ray", 0)
+        assert stats["engine"] == "ray" and stats["ray_node"] in {n.node_id for n in cluster.list_all_nodes()}
+        client = MlflowClient(tracking_uri=servers["mlflow"])
+        (run,) = client.search_runs([client.get_experiment_by_name("deployed-ray").experiment_id])
+        assert run.info.status == "FINISHED" and run.data.params["learner.world_size"] == "2"
+    finally:
+        cluster.shutdown()
