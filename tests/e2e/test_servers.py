@@ -4,7 +4,7 @@
 The train and sweep flows are registered as deployments (python -m flows.deploy), launched
 through the Prefect API with Hydra overrides as parameters, picked up by the worker, and must
 log to the MLflow server: the run, its metrics and its artifacts (through the server's
-artifact proxy)."""
+artifact proxy); a deployed run also drives an existing Ray cluster as its driver."""
 
 from __future__ import annotations
 
