@@ -23,8 +23,9 @@ Decisions:
   replay_pipeline/run/placement.py's, a bundle never split across nodes), so a placement
   that cannot be satisfied is refused before the run exists, naming what is missing and what
   the cluster has; the placement group itself must be ready within ray.placement_timeout
-  (`ray_placement`), never a silent wait. `ray_placement` takes any bundles, so the learner's
-  ranks can join the same check and group.
+  (`ray_placement`), never a silent wait. `placement_bundles` lists the run's bundles for
+  both, and `ray_placement` takes any, so the learner's ranks can join the same check and
+  group.
 * **Replaced, not restarted by Ray.** Actors are created with Ray's max_restarts=0: a
   generator whose actor died (ray.kill, its process SIGKILLed, its node removed) is replaced
   by the supervisor (`run_ray_worker`) with a new actor in the same bundle, up to
@@ -73,6 +74,13 @@ def generator_bundles(loop: Any, backend: str) -> tuple[list[dict[str, float]], 
     return [dict(bundle) for _ in range(loop.workers)], [f"generator {w}" for w in range(loop.workers)]
 
 
+def placement_bundles(cfg: Any) -> tuple[list[dict[str, float]], list[str]]:
+    """Every bundle of the run's one placement group, and its name, as the pre-flight checks
+    and `ray_generators` places them: the generators' first (generator W in bundle W); a
+    data-parallel learner's ranks are to follow them here."""
+    return generator_bundles(cfg.loop, cfg.generator.backend)
+
+
 def local_node(ray_cfg: Any) -> dict[str, float]:
     """The resources a local instance (ray.address null) will declare: ray.num_cpus (this
     machine's CPU count) and ray.num_gpus (the GPUs torch sees)."""
@@ -88,7 +96,7 @@ def check_placement(cfg: Any) -> None:
     """The pre-flight's check of loop.engine=ray (ray installed): the cluster at ray.address
     answers, and the generators' bundles fit its nodes (or the local instance's resources).
     Raises ConfigError saying how to fix it; starts no Ray instance."""
-    bundles, what = generator_bundles(cfg.loop, cfg.generator.backend)
+    bundles, what = placement_bundles(cfg)
     address = cfg.ray.address
     if address is None:
         nodes, where = [local_node(cfg.ray)], "this machine (a local instance, ray.address null)"
@@ -280,7 +288,7 @@ def ray_generators(settings: Any, log: Callable[[str], Any] = print) -> Iterator
         import ray  # optional dependency (the ray extra), connected above
         from ray.util.placement_group import remove_placement_group
 
-        bundles, what = generator_bundles(settings.loop, settings.generator.backend)
+        bundles, what = placement_bundles(settings)
         group = ray_placement(bundles, GENERATOR_STRATEGY, settings.ray.placement_timeout, what, where,
                               settings.ray.address, name=f"generators-{os.getpid()}-{time.time_ns()}")
         try:
