@@ -39,6 +39,9 @@ Decisions:
 * **Quiet.** `log_to_driver=False`, no dashboard, Ray's own logging at WARNING: the actors'
   output stays in Ray's session logs (/tmp/ray/session_*/logs); a generator's error reaches
   the run's error line through the ObjectRef.
+* **Signals stay the flow's.** ray.init replaces the driver's SIGTERM handler (exit at once,
+  after its core worker's stack dump); the flow's is put back (`handlers_kept`), so Ctrl-C and
+  SIGTERM still stop the run at its next safe point.
 * **Provenance.** Each worker's stats record `engine: ray`, `host`, `pid`, `ray_node` (the
   node id), `ray_actor` and `ray_restarts`.
 """
@@ -58,6 +61,7 @@ from replay_pipeline.config import ConfigError
 from replay_pipeline.run.files import AsyncDir
 from replay_pipeline.run.placement import amounts, describe_cluster, placement_fix, placement_problem
 from replay_pipeline.run.workers import generator_worker
+from replay_pipeline.system.stopping import handlers_kept
 
 #: Seconds to reach a Ray head's GCS port (a TCP connect) before joining it.
 RAY_CONNECT_TIMEOUT = 10.0
@@ -144,7 +148,7 @@ def ray_connection(ray_cfg: Any, log: Callable[[str], Any] | None = None) -> Ite
     if address is None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no prompt, no network call
         node = local_node(ray_cfg)
-        with _local_start_quiet():
+        with _local_start_quiet(), handlers_kept():
             ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node["GPU"]), include_dashboard=False,
                      **quiet)
         where = f"{ray.get_runtime_context().gcs_address} (a local Ray instance of this run)"
@@ -157,7 +161,8 @@ def ray_connection(ray_cfg: Any, log: Callable[[str], Any] | None = None) -> Ite
         except (OSError, ValueError) as exc:
             raise ConfigError(f"ray.address={address}: cannot connect ({exc}); {fix}") from exc
         try:
-            ray.init(address=address, **quiet)
+            with handlers_kept():
+                ray.init(address=address, **quiet)
         except Exception as exc:  # ConnectionError, or a port that is not a Ray head's GCS
             raise ConfigError(f"ray.address={address}: joining the cluster failed ({type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:200]}); {fix}") from exc
