@@ -4,8 +4,8 @@ multiple of the group size", "the no-buffer baseline uses each rollout once").
 
 `validate` raises one `ConfigError` listing every problem with the override that fixes it.
 It touches no file, network, device or installed package: what needs those (a model
-directory, a data file, a GPU, vLLM or Dask installed, an object store, a Dask scheduler) is
-replay_pipeline/run/preflight.py's, which runs before any work.
+directory, a data file, a GPU, vLLM, Dask or Ray installed, an object store, a Dask scheduler,
+a Ray cluster's nodes) is replay_pipeline/run/preflight.py's, which runs before any work.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ Decisions:
   replay_pipeline/run/placement.py's, a bundle never split across nodes), so a placement
   that cannot be satisfied is refused before the run exists, naming what is missing and what
   the cluster has; the placement group itself must be ready within ray.placement_timeout
-  (`ray_placement`), never a silent wait. `ray_placement` takes any bundles, so the learner's
-  ranks can join the same check and group.
+  (`ray_placement`), never a silent wait. `placement_bundles` lists the run's bundles for
+  both, and `ray_placement` takes any, so the learner's ranks can join the same check and
+  group.
 * **Replaced, not restarted by Ray.** Actors are created with Ray's max_restarts=0: a
   generator whose actor died (ray.kill, its process SIGKILLed, its node removed) is replaced
   by the supervisor (`run_ray_worker`) with a new actor in the same bundle, up to
@@ -38,6 +39,9 @@ Decisions:
 * **Quiet.** `log_to_driver=False`, no dashboard, Ray's own logging at WARNING: the actors'
   output stays in Ray's session logs (/tmp/ray/session_*/logs); a generator's error reaches
   the run's error line through the ObjectRef.
+* **Signals stay the flow's.** ray.init replaces the driver's SIGTERM handler (exit at once,
+  after its core worker's stack dump); the flow's is put back (`handlers_kept`), so Ctrl-C and
+  SIGTERM still stop the run at its next safe point.
 * **Provenance.** Each worker's stats record `engine: ray`, `host`, `pid`, `ray_node` (the
   node id), `ray_actor` and `ray_restarts`.
 """
@@ -57,6 +61,7 @@ from replay_pipeline.config import ConfigError
 from replay_pipeline.run.files import AsyncDir
 from replay_pipeline.run.placement import amounts, describe_cluster, placement_fix, placement_problem
 from replay_pipeline.run.workers import generator_worker
+from replay_pipeline.system.stopping import handlers_kept
 
 #: Seconds to reach a Ray head's GCS port (a TCP connect) before joining it.
 RAY_CONNECT_TIMEOUT = 10.0
@@ -73,6 +78,15 @@ def generator_bundles(loop: Any, backend: str) -> tuple[list[dict[str, float]], 
     return [dict(bundle) for _ in range(loop.workers)], [f"generator {w}" for w in range(loop.workers)]
 
 
+def placement_bundles(cfg: Any) -> tuple[list[dict[str, float]], list[str]]:
+    """The generators' bundles (generator W in bundle W of their placement group) and their
+    names, as the pre-flight checks and `ray_generators` places them; none in the sync loop.
+    A data-parallel learner's ranks have a group of their own (replay_pipeline/run/ray_ranks.py)."""
+    if cfg.loop.mode != "async":
+        return [], []
+    return generator_bundles(cfg.loop, cfg.generator.backend)
+
+
 def local_node(ray_cfg: Any) -> dict[str, float]:
     """The resources a local instance (ray.address null) will declare: ray.num_cpus (this
     machine's CPU count) and ray.num_gpus (the GPUs torch sees)."""
@@ -86,10 +100,10 @@ def local_node(ray_cfg: Any) -> dict[str, float]:
 
 def check_placement(cfg: Any, more: tuple[list[dict[str, float]], list[str]] = ([], [])) -> None:
     """The pre-flight's check of loop.engine=ray (ray installed): the cluster at ray.address
-    answers, and the generators' bundles (async loop) and the bundles `more` (the learner's
-    other ranks) fit its nodes (or the local instance's resources). Raises ConfigError saying
-    how to fix it; starts no Ray instance."""
-    bundles, what = generator_bundles(cfg.loop, cfg.generator.backend) if cfg.loop.mode == "async" else ([], [])
+    answers, and the generators' bundles (the async loop) and the bundles `more` (the learner's
+    other ranks, their own group: replay_pipeline/run/ray_ranks.py) fit its nodes (or the local
+    instance's resources). Raises ConfigError saying how to fix it; starts no Ray instance."""
+    bundles, what = placement_bundles(cfg)
     bundles, what = bundles + more[0], what + more[1]
     address = cfg.ray.address
     if address is None:
@@ -140,7 +154,7 @@ def ray_connection(ray_cfg: Any, log: Callable[[str], Any] | None = None) -> Ite
     if address is None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no prompt, no network call
         node = local_node(ray_cfg)
-        with _local_start_quiet():
+        with _local_start_quiet(), handlers_kept():
             ray.init(address="local", num_cpus=int(node["CPU"]), num_gpus=int(node["GPU"]), include_dashboard=False,
                      **quiet)
         where = f"{ray.get_runtime_context().gcs_address} (a local Ray instance of this run)"
@@ -153,7 +167,8 @@ def ray_connection(ray_cfg: Any, log: Callable[[str], Any] | None = None) -> Ite
         except (OSError, ValueError) as exc:
             raise ConfigError(f"ray.address={address}: cannot connect ({exc}); {fix}") from exc
         try:
-            ray.init(address=address, **quiet)
+            with handlers_kept():
+                ray.init(address=address, **quiet)
         except Exception as exc:  # ConnectionError, or a port that is not a Ray head's GCS
             raise ConfigError(f"ray.address={address}: joining the cluster failed ({type(exc).__name__}: "
                               f"{' '.join(str(exc).split())[:200]}); {fix}") from exc
@@ -297,7 +312,7 @@ def ray_generators(settings: Any, log: Callable[[str], Any] = print) -> Iterator
         import ray  # optional dependency (the ray extra), connected above
         from ray.util.placement_group import remove_placement_group
 
-        bundles, what = generator_bundles(settings.loop, settings.generator.backend)
+        bundles, what = placement_bundles(settings)
         group = ray_placement(bundles, GENERATOR_STRATEGY, settings.ray.placement_timeout, what, where,
                               settings.ray.address, name=f"generators-{os.getpid()}-{time.time_ns()}")
         try:

@@ -1,7 +1,8 @@
 """The async loop's generator workers (`loop=async`): each runs in its own process (or Dask
-task, replay_pipeline/run/engines.py, or Ray actor, replay_pipeline/run/ray_engine.py), rebuilds task, generator and table handles from the run's
-resolved configuration, and loops generate -> score -> append until the learner tells it to
-stop through the file protocol (replay_pipeline/run/files.py).
+task, replay_pipeline/run/engines.py, or Ray actor, replay_pipeline/run/ray_engine.py),
+rebuilds task, generator and table handles from the run's resolved configuration, and loops
+generate -> score -> append until the learner tells it to stop through the file protocol
+(replay_pipeline/run/files.py).
 
     generator worker w (own process)                   learner (the flow's process)
     ───────────────────────────────                    ────────────────────────────
@@ -15,9 +16,9 @@ Decisions:
   `multiprocessing` process with spawn (fork can hang LanceDB and torch, `run_worker_process`);
   `loop.engine=dask` runs the same `generator_worker` as a task on a Dask cluster
   (replay_pipeline/run/engines.py), `loop.engine=ray` as the long method of a resident Ray
-  actor, replaced when it dies (replay_pipeline/run/ray_engine.py). Either way the worker builds its own task, model and table
-  handles, with `loop.worker_threads` torch threads (keep workers x threads + the learner's
-  within the cores).
+  actor, replaced when it dies (replay_pipeline/run/ray_engine.py). Either way the worker
+  builds its own task, model and table handles, with `loop.worker_threads` torch threads
+  (keep workers x threads + the learner's within the cores).
 * **Shared paths.** Workers read the weights and write their stats and ready markers under
   `<tracking.root_dir>/<run_id>/` (the flow passes the root as an absolute path), so on a
   multi-machine cluster the run root must be on a filesystem every machine mounts at the same
@@ -28,10 +29,11 @@ Decisions:
   exists, when the heartbeat has not changed for `loop.heartbeat_timeout` seconds of the
   worker's own clock (the learner was killed; no clock sync needed), when it names another
   session (a newer learner, e.g. a resume, took over), when another copy of the same worker
-  id claimed `owner-W` (Dask restarted it elsewhere, Ray's supervisor replaced it), or, with the local engine, when its
-  parent process is gone. It records why in its stats (`stop_reason`). The learner sees a
-  dead worker through `is_alive()` of the process or of the Dask future (`any_alive`,
-  `wait_until_ready`), and a worker that failed fails the flow with its own error.
+  id claimed `owner-W` (Dask restarted it elsewhere, or Ray's supervisor replaced it), or,
+  with the local engine, when its parent process is gone. It records why in its stats
+  (`stop_reason`). The learner sees a dead worker through `is_alive()` of the process, of
+  the Dask future or of the Ray generator's slot (`any_alive`, `wait_until_ready`), and a
+  worker that failed fails the flow with its own error.
 * **Weights.** The learner publishes after every round of `loop.updates_per_step` learner
   steps (one policy version); a worker checks LATEST before every batch and loads a newer
   version, so it is at most one batch behind. Each worker builds its generator with
@@ -50,8 +52,7 @@ Decisions:
 * **Compute and provenance.** Each worker keeps cumulative tokens, rollouts and generation
   seconds in its stats file (replaced atomically after each batch), plus where it ran
   (`engine`, `host`, `pid`; `dask_worker` on Dask; `ray_node`, `ray_actor`, `ray_restarts`
-  on Ray); the learner folds the numbers into
-  its ledger.
+  on Ray); the learner folds the numbers into its ledger.
 
 This module must not import the learner's side of the run (phases, build, loop).
 """

@@ -96,8 +96,17 @@ def installed(announce: Callable[[str], Any] | None = None) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in SIGNALS}
-    install(announce)
+    with handlers_kept():
+        install(announce)
+        yield
+
+
+@contextmanager
+def handlers_kept() -> Iterator[None]:
+    """SIGINT's and SIGTERM's handlers as they are now, put back when the body ends, whatever
+    it installed (a library that sets its own: ray.init). Only the main thread has handlers."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.getsignal(s) for s in SIGNALS} if main else {}
     try:
         yield
     finally:

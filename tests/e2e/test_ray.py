@@ -1,12 +1,13 @@
 """Generators as resident Ray actors (`loop=async loop.engine=ray`), end to end on real Ray: a
 two-node cluster on loopback (`ray.cluster_utils.Cluster`, one CPU a node, shared by the
-module) that the flow joins, and a local instance the flow starts and stops itself. The
-rollout table, the usage records, the workers' stats (which prove where each generator ran:
-the Ray node id) and Prefect's task runs are read back; then the faults: a placement the
-cluster cannot hold is refused before any work, a generator actor killed mid-run is replaced
-and nothing is lost or stored twice, a generator whose replacements are used up stops the run
-with one line, after which `resume=RUN` finishes it, and a lost node's generator is replaced
-on a spare node, or stops the run where no node has room."""
+module) that the flow joins, and a local instance the flow starts and stops itself (the run
+stopped by SIGTERM, which Ray's own handler must not end at once). The rollout table, the
+usage records, the workers' stats (which prove where each generator ran: the Ray node id) and
+Prefect's task runs are read back; then the faults: a placement the cluster cannot hold is
+refused before any work, a generator actor killed mid-run is replaced and nothing is lost or
+stored twice, a generator whose replacements are used up stops the run with one line, after
+which `resume=RUN` finishes it, and a lost node's generator is replaced on a spare node, or
+stops the run where no node has room."""
 
 from __future__ import annotations
 
@@ -103,15 +104,24 @@ def test_two_generators_one_on_each_node_of_an_existing_cluster(root, cluster):
     assert not any(node.dead_processes() for node in cluster.list_all_nodes())  # the cluster is left running
 
 
-def test_a_local_instance_the_flow_starts_and_stops(root):
-    proc = start(root, "ray-local", STEPS, "loop.workers=2", "ray.num_cpus=2")
-    out = finish(proc)
-    assert proc.returncode == 0, out[-4000:]
+def test_a_local_instance_the_flow_starts_and_stops_also_when_sigterm_stops_the_run(root):
+    """ray.init puts its own SIGTERM handler in the driver (exit at once, after a stack dump):
+    the flow keeps its own, so SIGTERM still stops the run at its next safe point."""
+    proc = start(root, "ray-local", 100_000, "loop.workers=2", "ray.num_cpus=2", *PACED)
+    with stopped_at_the_end(proc):
+        wait_for(lambda: all(read_stats(root, "ray-local", w).get("batches", 0) >= 2 for w in (0, 1)), 240,
+                 "both generators' batches", proc)
+        proc.send_signal(signal.SIGTERM)
+        out = finish(proc, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-4000:]
+    assert "stopped by SIGTERM" in out and "resume with: python -m flows.train resume=ray-local" in out
     assert "(a local Ray instance of this run) has 2 CPUs on 1 node(s)" in out
-    assert "Token authentication" not in out and "fork" not in out  # Ray's start-up noise stays off the console
+    for noise in ("Token authentication", "fork", "SIGTERM received"):  # Ray's noise stays off the console
+        assert noise not in out, out[-4000:]
     stats = [read_stats(root, "ray-local", w) for w in (0, 1)]
-    assert all(s["engine"] == "ray" for s in stats) and stats[0]["ray_node"] == stats[1]["ray_node"]
-    check_tables(root, "ray-local", STEPS, workers=2)
+    assert all(s["engine"] == "ray" and s["stop_reason"] == "stop flag" for s in stats)
+    assert stats[0]["ray_node"] == stats[1]["ray_node"]
+    check_rollouts(root, "ray-local", workers=2)
     assert_no_leftovers(proc.pid)  # the instance's GCS, raylet and actor processes are gone
 
 
