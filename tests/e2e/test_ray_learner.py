@@ -1,23 +1,21 @@
 """The learner's ranks as Ray actors (`learner.world_size=2 loop.engine=ray`,
 replay_pipeline/run/ray_ranks.py), end to end on real Ray: a two-node cluster on loopback with
-the async loop's two generators, one on each node, and a 2-rank learner; a placement the cluster
-cannot hold refused before any work; and a rank actor killed mid-run (the sync loop on a local
-instance the flow starts: the fault point's variable reaches the actor through it) stopping the
-run with one line, after which `resume=RUN` finishes it. That a resume after a killed rank is
+the async loop's two generators, one on each node, and a 2-rank learner; and a rank actor
+killed mid-run (the sync loop on a local instance the flow starts: the fault point's variable
+reaches the actor through it) stopping the run with one line, after which `resume=RUN`
+finishes it. That a resume after a killed rank is
 bit for bit is shown on the local engine (tests/e2e/test_learner_ranks.py): the ranks' code is
-the same, only their processes are Ray's here."""
+the same, only their processes are Ray's here. A learner the cluster cannot hold is refused by
+the pre-flight's placement check (tests/unit/test_engine_config.py, without a cluster)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests import engine_runs
-from tests.conftest import ROOT, TINY_OVERRIDES
+from tests.conftest import TINY_OVERRIDES
 from tests.e2e.test_faults import train
 from tests.engine_runs import assert_no_leftovers, check_tables, finish, read_stats
 
@@ -57,19 +55,6 @@ def test_generators_on_both_nodes_and_a_two_rank_learner(root, cluster):
     stats = [read_stats(root, "ray-ranks", w) for w in (0, 1)]
     assert len({s["ray_node"] for s in stats}) == 2  # a generator on each node
     assert_no_leftovers(proc.pid)  # no rank or generator process outlives the flow
-
-
-def test_a_learner_placement_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path, cluster):
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect")}
-    proc = subprocess.run([sys.executable, "-m", "flows.train", f"tracking.root_dir={tmp_path}", *TINY_OVERRIDES,
-                           "run_id=too-big", "loop.engine=ray", "learner.world_size=6",
-                           f"ray.address={cluster.address}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    said = " ".join(proc.stderr.split())
-    assert "loop.engine=ray cannot place the learner's ranks" in said, said
-    assert "4 CPUs on 2 node(s)" in said, said
-    assert not (tmp_path / "lancedb").exists() and not (tmp_path / "too-big").exists()  # nothing was started
 
 
 def test_a_killed_rank_actor_stops_the_run_with_one_line_and_resume_finishes_it(tmp_path):
