@@ -91,7 +91,6 @@ from replay_pipeline.config import ConfigError
 from replay_pipeline.run.resume import resolve_config
 from replay_pipeline.system.lease import LeaseHeld, acquire
 from replay_pipeline.run.build import build_run, run_mode
-from replay_pipeline.run.engines import run_dask_worker
 from replay_pipeline.run.loop import Evaluation, evaluate_start, generators_running, run_unit, train_loop
 from replay_pipeline.run.lineage import note_flow_run
 from replay_pipeline.run.phases import TrainingRun
@@ -203,15 +202,12 @@ def checkpoint_task(run: TrainingRun, step: int) -> str:
 def generator_task(run: TrainingRun, cfg_container: dict, worker: int, registry: dict, client=None,
                    session: str | None = None) -> dict[str, float]:
     """One generator of the async loop, alive as long as the learner runs: a child process
-    (loop.engine=local), a task on the Dask cluster of `client` (loop.engine=dask) or an actor
-    in its bundle of the Ray placement group `client` (loop.engine=ray, replaced when it dies),
-    that this Prefect task supervises from the flow's process (replay_pipeline/run/engines.py
-    says why)."""
+    (loop.engine=local) or an actor in its bundle of the Ray placement group `client`
+    (loop.engine=ray, replaced when it dies), that this Prefect task supervises from the
+    flow's process (replay_pipeline/run/ray_engine.py says why)."""
     if client is None:
         return run_worker_process(cfg_container, run.run_id, worker, run.control, registry, session)
-    if run.settings.loop.engine == "ray":
-        return run_ray_worker(client, cfg_container, run.run_id, worker, run.control, registry, session)
-    return run_dask_worker(client, cfg_container, run.run_id, worker, run.control, registry, session)
+    return run_ray_worker(client, cfg_container, run.run_id, worker, run.control, registry, session)
 
 
 def _close_stale_flow_runs(cfg) -> None:
@@ -250,7 +246,7 @@ def _loop(run: TrainingRun, progress: Progress, alive=None, after_round=None) ->
 
 def _async_loop(run: TrainingRun, progress: Progress) -> None:
     """The learner's side of the async loop; the generators run as concurrent Prefect tasks,
-    each supervising one generator process or Dask task (replay_pipeline/run/loop.py,
+    each supervising one generator process or Ray actor (replay_pipeline/run/loop.py,
     generators_running)."""
     def supervise(worker, container, registry, client, session):
         return generator_task.submit(quote(run), quote(container), worker, quote(registry), quote(client), session)

@@ -10,7 +10,7 @@ Edges are every `import` of a project module (replay_pipeline/, flows/), at modu
 inside a function, `if TYPE_CHECKING:` blocks left out. A cycle is a strongly connected
 component of more than one module. An import inside a function must carry a comment on its
 line or the line above (one comment above a run of consecutive imports covers the run), saying
-which optional dependency (vllm, dask, boto3, trl, ...) or start-up cost it defers. tests/unit/test_layout.py runs this.
+which optional dependency (vllm, ray, boto3, trl, ...) or start-up cost it defers. tests/unit/test_layout.py runs this.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ TIERS = ("unit", "integration", "contract", "e2e", "docs")
 
 
 #: The suite's longest files (by the seconds each takes in one of the two workers): started first.
-LONGEST_FIRST = ("test_guard_rails", "test_faults", "test_pretrained_model_runs", "test_ray", "test_dask", "test_async",
+LONGEST_FIRST = ("test_guard_rails", "test_faults", "test_pretrained_model_runs", "test_ray", "test_async",
                  "test_custom_task_runs",
                  "test_servers", "test_viewer", "test_peers", "test_sweep", "test_train_flow")
 #: Then whole tiers, slowest first: a worker that ends its last file early idles while the other

@@ -1,5 +1,5 @@
-"""What the end-to-end tests of the async loop's engines share (tests/e2e/test_dask.py,
-tests/e2e/test_ray.py): the tiny async run as a process in its own session, the checks that
+"""What the end-to-end tests of the async loop's engines share (tests/e2e/test_ray.py,
+test_ray_learner.py, test_async.py): the tiny async run as a process in its own session, the checks that
 nothing it started is left behind, that its tables hold every batch whole and once, and the
 states Prefect recorded."""
 

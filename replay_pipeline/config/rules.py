@@ -4,8 +4,8 @@ multiple of the group size", "the no-buffer baseline uses each rollout once").
 
 `validate` raises one `ConfigError` listing every problem with the override that fixes it.
 It touches no file, network, device or installed package: what needs those (a model
-directory, a data file, a GPU, vLLM, Dask or Ray installed, an object store, a Dask scheduler,
-a Ray cluster's nodes) is replay_pipeline/run/preflight.py's, which runs before any work.
+directory, a data file, a GPU, vLLM or Ray installed, an object store, a Ray cluster's
+nodes) is replay_pipeline/run/preflight.py's, which runs before any work.
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ from replay_pipeline.tasks.answers import FALLBACKS
 from replay_pipeline.tasks.math import FORMATS
 from replay_pipeline.tasks.reasoning_gym import dataset_names
 
-DASK_INSTALL = "pip install 'dask[distributed]' (CPU machines: pip install -c infra/constraints-cpu.txt 'dask[distributed]')"
+#: loop.engine=dask, retired on 2026-12-06 (docs/log.md); a resume or fork of a run that used
+#: it is refused by replay_pipeline/run/resume.py with the command that continues it.
+DASK_RETIRED = ("loop.engine=dask was retired on 2026-12-06: Ray does everything it did, on one machine or a "
+                "multi-machine cluster, and more (learner ranks, placement checked before work, replaced "
+                "generators), and one engine halves the tests and docs; use loop.engine=ray (a local Ray "
+                "instance, or ray.address=HEAD:6379 for a cluster: infra/distributed.md) or loop.engine=local")
 RAY_INSTALL = "pip install 'ray==2.60.*' (CPU machines: pip install -c infra/constraints-cpu.txt ray)"
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-_DASK_ADDRESS = re.compile(r"((tcp|tls|ws|wss|ucx)://)?(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):[0-9]{1,5}")
 _RAY_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):[0-9]{1,5}")
-
-
-def valid_dask_address(address: str) -> bool:
-    """`[scheme://]host:port`, e.g. tcp://10.0.0.5:8786 (what `dask scheduler` prints)."""
-    return _DASK_ADDRESS.fullmatch(str(address)) is not None
 
 
 def owner_bounds(owner: str) -> dict[str, Any]:
@@ -240,31 +239,19 @@ def reward_term_problems(reward: Any) -> list[str]:
 
 
 def _engine_problems(loop: Any) -> list[str]:
-    """loop.engine and loop.dask_address (the async loop's generators); whether dask is
-    installed, and whether the scheduler answers, is the pre-flight's."""
-    problems = []
+    """loop.engine (where the async loop's generators run); whether ray is installed, and
+    whether its cluster answers, is the pre-flight's."""
+    if loop.engine == "dask":
+        return [DASK_RETIRED]
     if loop.engine not in LOOP_ENGINES:
-        problems.append(f"loop.engine={loop.engine!r} is not one of {list(LOOP_ENGINES)}: `local` runs the "
-                        "generators as processes of the flow, `dask` as tasks on a Dask cluster, `ray` as "
-                        "actors on a Ray cluster")
-    if loop.engine == "dask" and loop.mode != "async":
-        problems.append("loop.engine=dask runs the async loop's generators on Dask; add "
-                        "loop=async (the sync loop generates in the learner's own process)")
-    if loop.dask_address is not None:
-        if loop.engine != "dask":
-            problems.append(f"loop.dask_address={loop.dask_address} is only used with loop.engine=dask; "
-                            "add loop.engine=dask or drop loop.dask_address")
-        if not valid_dask_address(loop.dask_address):
-            problems.append(f"loop.dask_address={loop.dask_address!r} is not a Dask scheduler address; give "
-                            "[scheme://]host:port as `dask scheduler` prints it, e.g. "
-                            "loop.dask_address=tcp://10.0.0.5:8786")
-    return problems
+        return [f"loop.engine={loop.engine!r} is not one of {list(LOOP_ENGINES)}: `local` runs the generators "
+                "as processes of the flow, `ray` as actors on a Ray cluster"]
+    return []
 
 
 def _learner_problems(learner: Any, loop: Any) -> list[str]:
     """The learner's ranks (learner.*): a backend torch.distributed has, an engine that can
-    hold a rank (a Dask task cannot: it runs in a thread of a shared worker process), and a
-    shard mode with ranks to shard over."""
+    hold a rank, and a shard mode with ranks to shard over."""
     problems = []
     if learner.backend not in LEARNER_BACKENDS:
         problems.append(f"learner.backend={learner.backend!r} is not one of {list(LEARNER_BACKENDS)}")
@@ -275,10 +262,6 @@ def _learner_problems(learner: Any, loop: Any) -> list[str]:
         problems.append(f"learner.shard={learner.shard} shards the model over the learner's ranks, and "
                         f"learner.world_size={learner.world_size} has one; add learner.world_size=2 (or more), "
                         "or drop learner.shard")
-    if learner.world_size > 1 and loop.engine == "dask":
-        problems.append(f"learner.world_size={learner.world_size} with loop.engine=dask: a learner rank is a resident "
-                        "process with its own process group, which a Dask task is not; use loop.engine=local "
-                        "(ranks as child processes) or loop.engine=ray (ranks as Ray actors)")
     if loop.engine == "ray" and loop.mode != "async" and learner.world_size == 1:
         problems.append("loop.engine=ray with the sync loop and one learner process places nothing on Ray: add "
                         "loop=async (generators as Ray actors) or learner.world_size=N (the learner's ranks as Ray "
@@ -315,12 +298,7 @@ def _generator_backend_problems(gen: Any, loop: Any) -> list[str]:
         return [f"generator.{key}={getattr(gen, key)} is only used by generator.backend=vllm; drop it "
                 "or add generator=vllm" for key in VLLM_ONLY_FIELDS if getattr(gen, key) != getattr(defaults, key)]
     problems = []
-    if loop.mode == "async" and loop.engine == "dask":
-        problems.append("generator.backend=vllm with loop.engine=dask is not supported (a Dask task runs in a thread "
-                        "of a long-lived worker process, which would keep the engine's process-wide GPU state after "
-                        "the task); use loop.engine=local, whose generator processes each own an engine, or "
-                        "generator=transformers")
-    elif loop.mode == "async" and loop.engine == "local" and (loop.workers + 1) * gen.gpu_memory_utilization >= 1:
+    if loop.mode == "async" and loop.engine == "local" and (loop.workers + 1) * gen.gpu_memory_utilization >= 1:
         engines = loop.workers + 1  # one per generator process, one in the learner's for evaluation
         problems.append(f"loop.workers={loop.workers} with generator.gpu_memory_utilization="
                         f"{gen.gpu_memory_utilization} would give {engines} vLLM engines (one per generator process, one in the learner's "

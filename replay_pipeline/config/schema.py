@@ -341,14 +341,9 @@ class LoopConfig:
     """Async loop: generator workers (W)."""
     engine: str = "local"
     """Async loop: where the generators run. `local`: child processes of the flow (spawn).
-    `dask`: tasks on a Dask cluster (needs `pip install 'dask[distributed]'`). `ray`: resident
-    actors on a Ray cluster, placed by a placement group and replaced when they die (needs
+    `ray`: resident actors on a Ray cluster (local or multi-machine), placed by a placement group and replaced when they die (needs
     `pip install 'ray==2.60.*'`; the `ray.*` settings). Each generator is a `generator-W` task
     in Prefect either way; see infra/distributed.md."""
-    dask_address: Optional[str] = None
-    """loop.engine=dask: the scheduler to use, e.g. tcp://10.0.0.5:8786 (it must see the run
-    root at the same path: a shared filesystem). None: the flow starts a local cluster of
-    `workers` processes with one thread each and closes it at the end."""
     heartbeat_timeout: float = bounded(180.0, ge=1, hint="seconds; default 180")
     """Async loop: a generator stops when the learner's heartbeat (<run_dir>/async/HEARTBEAT,
     written every timeout/6 s, at most every 10 s) has not changed for this many seconds,
@@ -556,7 +551,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 GENERATOR_BACKENDS = ("transformers", "vllm")  # replay_pipeline.generation.build_generator
 LOOP_MODES = ("sync", "async")
-LOOP_ENGINES = ("local", "dask", "ray")
+LOOP_ENGINES = ("local", "ray")  # `dask` was retired on 2026-12-06 (docs/log.md)
 LEARNER_BACKENDS = ("auto", "gloo", "nccl")
 #: learner.shard, besides None (replicated ranks).
 LEARNER_SHARDS = ("fsdp2",)

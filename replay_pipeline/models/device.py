@@ -3,7 +3,7 @@ torch.device, and `model.torch_threads=0` (auto) to a thread count.
 
 Decisions:
 - `auto` (the default) is CUDA when torch sees a GPU, else the CPU, resolved by each process
-  for itself: an async generator on a Dask machine without a GPU runs on its CPU while the
+  for itself: an async generator on a Ray node without a GPU runs on its CPU while the
   learner trains on its own GPU.
 - `cuda` is the current CUDA device with its index (`cuda:0` unless the process chose
   another), so every tensor of the learner and of its generator compares equal by device.

@@ -9,8 +9,7 @@ rooms below it):
     lineage.py     resume, fork, checkpoint state, run.json
     accounting.py  the compute ledger's metrics, the pipeline's overhead, the summary
     settings.py    the frozen runtime form of the configuration and its derived values
-    engines.py     the Dask engine of the async generators
-    workers.py     the async loop's generator workers (local processes)
+    workers.py     the async loop's generator workers (local processes or Ray actors)
     batches.py     what the learner and the workers share: prompts, seeds, a batch generated and scored
     files.py       the async file protocol (STOP, heartbeat, ready markers, stats): ground floor
 

@@ -4,7 +4,7 @@ it imports only replay_pipeline/system/threadnames.py, to name its heartbeat thr
 
     STOP                 the learner ended (finished, failed or killed): workers stop
     HEARTBEAT            the learner's session and a counter, replaced every few seconds
-    owner-W              which copy of worker W claimed it (a restarted Dask task takes over)
+    owner-W              which copy of worker W claimed it (a replacement Ray actor takes over)
     ready-W              worker W built its model and is about to generate
     worker-W.json        worker W's cumulative stats (tokens, rollouts, seconds, why it stopped)
 
@@ -78,8 +78,8 @@ class AsyncDir:
 
     def claim(self, worker: int) -> str:
         """Make the calling generator the owner of worker id `worker`; returns its token. A copy
-        that Dask restarted elsewhere claims the id, and the old copy (on a machine the
-        scheduler lost but that still runs) sees it and stops."""
+        that Ray's supervisor started in place of a lost one claims the id, and the old copy (on
+        a machine the cluster lost but that still runs) sees it and stops."""
         token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         tmp = self.path / f".owner-{worker}.{os.getpid()}.tmp"
         tmp.write_text(token)

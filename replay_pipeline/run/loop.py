@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 from replay_pipeline.system import faults, stopping
 from replay_pipeline.system.heap import freeze_startup_heap
-from replay_pipeline.run.engines import dask_client
 from replay_pipeline.run.files import Heartbeat
 from replay_pipeline.run.phases import TrainingRun
 from replay_pipeline.run.ray_engine import ray_generators
@@ -198,8 +197,7 @@ def train_loop(run: TrainingRun, unit: Callable[[int, int, list[Evaluation]], An
 def generators_running(run: TrainingRun, supervise: Callable[..., Any], log: Callable[[str], Any] = print
                        ) -> Iterator[tuple[Callable[[], bool], Callable[[], None]]]:
     """The async loop's generators, alive for the body of the `with`: a heartbeat thread, the
-    Dask client (loop.engine=dask) or the Ray connection and placement group (loop.engine=ray:
-    `RayGenerators`), one supervisor per generator started with
+    Ray connection and placement group (loop.engine=ray: `RayGenerators`), one supervisor per generator started with
     `supervise(worker, container, registry, client, session)` (it returns a future with
     `wait(timeout)`, `result()` and `state`: flows/train.py submits a Prefect task), all
     generators ready before the first round. Yields (alive, check): whether any generator is
@@ -212,8 +210,7 @@ def generators_running(run: TrainingRun, supervise: Callable[..., Any], log: Cal
     futures: list = []
     with ExitStack() as stack:  # closed in reverse: generators stopped, cluster closed, heartbeat ended
         heartbeat = stack.enter_context(Heartbeat(run.control, loop.heartbeat_timeout))
-        client = (stack.enter_context(dask_client(loop.workers, loop.dask_address, log=log)) if loop.engine == "dask"
-                  else stack.enter_context(ray_generators(run.settings, log=log)) if loop.engine == "ray" else None)
+        client = stack.enter_context(ray_generators(run.settings, log=log)) if loop.engine == "ray" else None
         futures += [supervise(w, container, registry, client, heartbeat.session) for w in range(loop.workers)]
         stack.callback(_stop_generators, run, futures, registry)
         try:

@@ -17,10 +17,8 @@ deployed run fails in its first task, before any model is built):
 - an MLflow tracking server (`tracking.mlflow_uri` over http) and a Prefect API
   (`PREFECT_API_URL`) answer within 3 s;
 - `model.device` exists on this machine (a CUDA probe);
-- the vLLM backend can run here (vllm installed and a GPU, without importing vllm); Dask is
-  installed for `loop.engine=dask`;
-- an object-store `buffer.uri` answers (one LIST request); a `loop.dask_address` scheduler
-  answers (TCP, then Dask's handshake);
+- the vLLM backend can run here (vllm installed and a GPU, without importing vllm);
+- an object-store `buffer.uri` answers (one LIST request);
 - `loop.engine=ray`: ray is installed; the cluster at `ray.address` answers (TCP, then joined
   and left), and the generators' bundles fit its nodes, or the local instance's CPUs and GPUs
   (replay_pipeline/run/ray_engine.py `check_placement`).
@@ -47,12 +45,11 @@ from omegaconf import OmegaConf
 from replay_pipeline.buffer import RolloutStore
 from replay_pipeline.buffer.lance_table import StoreError, check_storage
 from replay_pipeline.buffer.usage import UsageStore
-from replay_pipeline.config import DASK_INSTALL, RAY_INSTALL, TASK_DEFAULTS, ConfigError
+from replay_pipeline.config import RAY_INSTALL, TASK_DEFAULTS, ConfigError
 from replay_pipeline.generation import vllm_backend
 from replay_pipeline.system.lease import LeaseHeld, holder
 from replay_pipeline.models.device import device_problem, resolve_device
 from replay_pipeline.models.packaged import PACKAGED, is_prepared, packaged_problems
-from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.ray_engine import check_placement
 from replay_pipeline.run.ray_ranks import rank_bundles
 from replay_pipeline.run.lineage import check_resume_tables, start_point
@@ -75,15 +72,11 @@ def preflight(cfg: Any) -> None:
         if reason:
             problems.append(f"generator.backend=vllm cannot run here: {reason}. {vllm_backend.VLLM_INSTALL}; or use "
                             "generator=transformers")
-    if cfg.loop.engine == "dask" and importlib.util.find_spec("distributed") is None:
-        problems.append(f"loop.engine=dask needs dask.distributed, which is not installed: {DASK_INSTALL}")
     if cfg.loop.engine == "ray" and importlib.util.find_spec("ray") is None:
         problems.append(f"loop.engine=ray needs ray, which is not installed: {RAY_INSTALL}")
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
     _probe_buffer_storage(cfg.buffer)
-    if cfg.loop.mode == "async" and cfg.loop.engine == "dask" and cfg.loop.dask_address:
-        check_dask_scheduler(cfg.loop.dask_address)  # an unreachable scheduler fails here
     if cfg.loop.engine == "ray":  # an unreachable cluster, or bundles that cannot fit, fail here
         check_placement(cfg, rank_bundles(cfg, resolve_device(cfg.model.device).type))
 

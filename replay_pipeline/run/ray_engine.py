@@ -13,10 +13,15 @@ an existing cluster it joins as the driver (left running).
       a new one in the same bundle                in the same bundle claims worker W
 
 Decisions:
-* **The flow is the driver, Prefect supervises.** Like the Dask engine (engines.py says why
-  not a Prefect task runner): every generator is a `generator-W` task in the flow's process
-  that creates its actor and waits on the ObjectRef of its `run`; prefect-ray's
-  `RayTaskRunner` runs stateless tasks only, not a resident engine.
+* **The flow is the driver, Prefect supervises.** Every generator is a `generator-W` task in
+  the flow's process that creates its actor and waits on the ObjectRef of its `run`; the flow
+  keeps Prefect's default (thread) task runner. prefect-ray's `RayTaskRunner` runs stateless
+  tasks only, not a resident engine, and a task runner would send *every* task of the flow to
+  the cluster, but the learner's tasks share one in-process `TrainingRun` (model, optimizer,
+  table and MLflow handles) that must not move; a Prefect task run on a remote node would also
+  report its state from a machine that cannot reach the flow's embedded (ephemeral) Prefect
+  server. Supervising from the flow keeps every generator a task run in the UI, with the
+  embedded server and with a real one.
 * **Placed before any work.** The generators' bundles (`generator_bundles`: {CPU:
   loop.worker_threads}, plus {GPU: 1} with generator.backend=vllm) are compared with the
   cluster's nodes in the pre-flight (`check_placement`; the pure check is

@@ -49,7 +49,7 @@ RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_sam
              "loop.pass1_samples",
              "loop.checkpoint_every", "loop.keep_checkpoints", "tracking.progress", "tracking.log_model",
              "model.torch_threads", "model.device", "buffer.read_cache", "buffer.write_behind",
-             "loop.engine", "loop.dask_address", "loop.heartbeat_timeout",
+             "loop.engine", "loop.heartbeat_timeout",
              "ray.address", "ray.num_cpus", "ray.num_gpus", "ray.placement_timeout", "ray.max_restarts",
              "ray.generator_python",
              "loop.rounds_per_task", "buffer.read_ahead", "buffer.commit_seconds",
@@ -62,6 +62,11 @@ RESUMABLE = ("loop.steps", "loop.eval_every", "loop.passk_every", "loop.eval_sam
 #: change between a run and its resume).
 IDENTITY = ("run_id", "resume", "fork", "tracking.root_dir", "tracking.parent_run_id",
             "buffer.storage_options.")
+#: Keys an earlier version saved and this one no longer has. None of them was ever hashed
+#: (each was in RESUMABLE), so an old checkpoint's config hash still matches without them;
+#: `_retired` drops them from a saved config.yaml, or refuses a run that cannot go on
+#: without them.
+RETIRED = ("loop.dask_address",)
 
 
 def _identity(key: str) -> bool:
@@ -80,7 +85,7 @@ def config_hash(cfg: DictConfig | dict, keys: Iterable[str] | None = None) -> st
     unresumable."""
     wanted = None if keys is None else set(keys)
     flat = {k: v for k, v in flatten(cfg).items()
-            if k not in RESUMABLE and not _identity(k) and (wanted is None or k in wanted)}
+            if k not in RESUMABLE and k not in RETIRED and not _identity(k) and (wanted is None or k in wanted)}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -105,6 +110,49 @@ def saved_config(root: str | Path, run_id: str) -> dict[str, Any]:
                           f"{', '.join(have[-10:]) or 'none'}. Pass the run id printed at its start, "
                           "and the same tracking.root_dir it used.")
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def _given(overrides: list[str], key: str) -> str | None:
+    """The value the command line gives `key` (last one wins), or None: `changed_keys` misses
+    a key set to its default (loop.engine=local)."""
+    found = None
+    for item in overrides:
+        name, sep, value = str(item).lstrip("+~").partition("=")
+        if sep and name == key:
+            found = value
+    return found
+
+
+def _retired(saved: dict[str, Any], overrides: list[str], how: str) -> dict[str, Any]:
+    """A saved config.yaml of an earlier version, made to fit this one: a null
+    `loop.dask_address` is dropped; a run whose generators ran on Dask (loop.engine=dask, or a
+    scheduler address) needs the command line to pick loop.engine=ray or loop.engine=local
+    (loop.engine may change on a resume), or is refused saying how. `how` is resume=RUN or
+    fork=RUN@STEP."""
+    loop = saved.get("loop")
+    if not isinstance(loop, dict) or ("dask_address" not in loop and loop.get("engine") != "dask"):
+        return saved
+    loop = dict(loop)
+    address = loop.pop("dask_address", None)
+    if loop.get("engine") == "dask" or address is not None:
+        engine = _given(overrides, "loop.engine")
+        if engine not in ("local", "ray"):
+            was = "loop.engine=dask" + (f" loop.dask_address={address}" if address is not None else "")
+            rest = " ".join(o for o in overrides if _given([o], "loop.engine") is None)
+            # the command line is validated alone first: loop.engine=ray needs loop=async there
+            ray = "loop=async loop.engine=ray" if loop.get("mode") == "async" and "loop=async" not in overrides \
+                else "loop.engine=ray"
+            raise ConfigError(
+                f"{how}: this run's generators ran on Dask ({was}), and the Dask engine was retired on "
+                "2026-12-06: Ray does everything it did, on one machine or a multi-machine cluster, and more "
+                "(learner ranks, placement checked before work, replaced generators), and one engine halves the "
+                "tests and docs (docs/log.md). loop.engine may change on a resume, with the same trajectory; "
+                "continue on Ray or locally:\n"
+                f"  python -m flows.train {rest} {ray}    # a local Ray instance; on a cluster add "
+                "ray.address=HEAD:6379 (infra/distributed.md)\n"
+                f"  python -m flows.train {rest} loop.engine=local    # generator processes of the flow")
+        loop["engine"] = engine
+    return {**saved, "loop": loop}
 
 
 def _merge(saved: dict[str, Any], changes: dict[str, Any], identity: dict[str, Any]) -> DictConfig:
@@ -138,7 +186,7 @@ def resolve_config(overrides: list[str] | None) -> DictConfig:
                               "pass tracking.root_dir=<the runs' root>")
         cfg.resume = runs[-1]
     if cfg.resume is not None:
-        saved = saved_config(root, cfg.resume)
+        saved = _retired(saved_config(root, cfg.resume), overrides, f"resume={cfg.resume}")
         old = flatten(saved)
         refused = {k: v for k, v in changes.items() if k not in RESUMABLE and old.get(k) != v}
         if refused:
@@ -151,7 +199,7 @@ def resolve_config(overrides: list[str] | None) -> DictConfig:
         identity = {"run_id": cfg.resume, "resume": cfg.resume, "tracking.root_dir": root}
         return _merge(saved, changes, identity)
     source, step = parse_fork(cfg.fork)
-    saved = saved_config(root, source)
+    saved = _retired(saved_config(root, source), overrides, f"fork={cfg.fork}")
     old = flatten(saved)
     refused = {k: v for k, v in changes.items()
                if k.startswith(FORK_FIXED) and k not in FORK_FREE and old.get(k) != v}

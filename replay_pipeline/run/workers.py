@@ -1,5 +1,5 @@
-"""The async loop's generator workers (`loop=async`): each runs in its own process (or Dask
-task, replay_pipeline/run/engines.py, or Ray actor, replay_pipeline/run/ray_engine.py),
+"""The async loop's generator workers (`loop=async`): each runs in its own process (or Ray
+actor, replay_pipeline/run/ray_engine.py),
 rebuilds task, generator and table handles from the run's resolved configuration, and loops
 generate -> score -> append until the learner tells it to stop through the file protocol
 (replay_pipeline/run/files.py).
@@ -12,10 +12,9 @@ generate -> score -> append until the learner tells it to stop through the file 
     stop: STOP flag, stale heartbeat  ◄── <run_dir>/async/ ◄── heartbeat every few seconds
 
 Decisions:
-* **Three engines, one body.** `loop.engine=local` (default) starts each worker as a
+* **Two engines, one body.** `loop.engine=local` (default) starts each worker as a
   `multiprocessing` process with spawn (fork can hang LanceDB and torch, `run_worker_process`);
-  `loop.engine=dask` runs the same `generator_worker` as a task on a Dask cluster
-  (replay_pipeline/run/engines.py), `loop.engine=ray` as the long method of a resident Ray
+  `loop.engine=ray` runs the same `generator_worker` as the long method of a resident Ray
   actor, replaced when it dies (replay_pipeline/run/ray_engine.py). Either way the worker
   builds its own task, model and table handles, with `loop.worker_threads` torch threads
   (keep workers x threads + the learner's within the cores).
@@ -29,10 +28,10 @@ Decisions:
   exists, when the heartbeat has not changed for `loop.heartbeat_timeout` seconds of the
   worker's own clock (the learner was killed; no clock sync needed), when it names another
   session (a newer learner, e.g. a resume, took over), when another copy of the same worker
-  id claimed `owner-W` (Dask restarted it elsewhere, or Ray's supervisor replaced it), or,
+  id claimed `owner-W` (Ray's supervisor replaced it), or,
   with the local engine, when its parent process is gone. It records why in its stats
-  (`stop_reason`). The learner sees a dead worker through `is_alive()` of the process, of
-  the Dask future or of the Ray generator's slot (`any_alive`, `wait_until_ready`), and a
+  (`stop_reason`). The learner sees a dead worker through `is_alive()` of the process or
+  of the Ray generator's slot (`any_alive`, `wait_until_ready`), and a
   worker that failed fails the flow with its own error.
 * **Weights.** The learner publishes after every round of `loop.updates_per_step` learner
   steps (one policy version); a worker checks LATEST before every batch and loads a newer
@@ -51,8 +50,8 @@ Decisions:
   so no worker outlives the run by more than `loop.heartbeat_timeout` plus one batch.
 * **Compute and provenance.** Each worker keeps cumulative tokens, rollouts and generation
   seconds in its stats file (replaced atomically after each batch), plus where it ran
-  (`engine`, `host`, `pid`; `dask_worker` on Dask; `ray_node`, `ray_actor`, `ray_restarts`
-  on Ray); the learner folds the numbers into its ledger.
+  (`engine`, `host`, `pid`; `ray_node`, `ray_actor`, `ray_restarts` on
+  Ray); the learner folds the numbers into its ledger.
 
 This module must not import the learner's side of the run (phases, build, loop).
 """
@@ -88,20 +87,12 @@ from replay_pipeline.training.weights import WeightFollower, WeightStore
 
 
 def _where(parent_pid: int | None, where: dict[str, Any] | None) -> dict[str, Any]:
-    """Where this worker runs, for its stats: engine, host, pid (and the Dask worker); an
-    engine that knows more says it in `where` (Ray: the node and actor ids)."""
-    out: dict[str, Any] = {"engine": "local" if parent_pid is not None else "dask",
+    """Where this worker runs, for its stats: engine, host, pid; an engine that knows more
+    says it in `where` (Ray: the engine, node and actor ids). Neither a child of the learner
+    nor given `where`: called directly (tests, debugging)."""
+    out: dict[str, Any] = {"engine": "local" if parent_pid is not None else "direct",
                            "host": socket.gethostname(), "pid": os.getpid()}
-    if where is not None:
-        return out | where
-    if parent_pid is None:
-        try:
-            from distributed import get_worker  # optional dependency: only on a Dask worker
-
-            out["dask_worker"] = get_worker().address
-        except (ImportError, ValueError):  # called outside a Dask worker (tests, debugging)
-            out["engine"] = "direct"
-    return out
+    return out if where is None else out | where
 
 
 def generator_worker(cfg_container: dict[str, Any], run_id: str, worker: int, parent_pid: int | None = None,
@@ -120,7 +111,7 @@ def _generator_worker(resources: ExitStack, cfg_container: dict[str, Any], run_i
                       parent_pid: int | None = None, session: str | None = None,
                       where: dict[str, Any] | None = None) -> dict[str, Any]:
     """Body of generator worker `worker`: a spawn target (loop.engine=local, `parent_pid` is
-    the learner's pid), a Dask task or a Ray actor's method (`parent_pid` None; Ray passes
+    the learner's pid) or a Ray actor's method (`parent_pid` None; Ray passes
     `where`, the actor's node and ids for the stats); everything is rebuilt here from the
     resolved configuration. `session` is the learner's heartbeat session. Returns the
     worker's final stats (with `stop_reason`)."""
@@ -235,7 +226,7 @@ def wait_until_ready(control: AsyncDir, registry: dict[int, Any], workers: int, 
             raise RuntimeError(f"every generator exited before it was ready ({ended}); see their output above")
         if time.perf_counter() - start > timeout:
             raise RuntimeError(f"only {control.ready()} of {workers} generators ready after {timeout:.0f} s "
-                               "(loop.engine=dask: does the cluster have a free worker thread for each?)")
+                               "(loop.engine=ray: their output is in /tmp/ray/session_*/logs)")
         time.sleep(0.05)
     return time.perf_counter() - start
 
@@ -252,14 +243,14 @@ def check_generators(control: AsyncDir, registry: dict[int, Any]) -> None:
 
 
 def any_alive(registry: dict[int, Any], expected: int) -> bool:
-    """True while a generator may still produce: some registered process (or Dask task) is
+    """True while a generator may still produce: some registered process (or Ray actor) is
     alive, or not every worker has started yet."""
     return len(registry) < expected or any(p.is_alive() for p in registry.values())
 
 
 def worker_config(settings: Any, paths: RunPaths) -> dict[str, Any]:
     """The resolved configuration the generators rebuild themselves from, with the run root
-    (and a local buffer.uri) made absolute: a Dask worker's working directory is its own."""
+    (and a local buffer.uri) made absolute: a Ray actor's working directory is its own."""
     container = settings.container()
     container["tracking"]["root_dir"] = str(paths.root)
     uri = container["buffer"].get("uri")

@@ -1,7 +1,7 @@
 """The run lease: at most one process drives a run at a time.
 
 A run is driven by one process: the sync learner, or the async learner with its generators
-(the generators are the learner's children or Dask tasks and never take the lease; they stop
+(the generators are the learner's children or Ray actors and never take the lease; they stop
 when the learner's heartbeat does). Two drivers on one run would both append the same steps
 and both train, so a second `python -m flows.train resume=<id>` (or `run_id=<id>`) on a live
 run is refused before any work, naming the holder, and the CLI exits with code 2.

@@ -12,7 +12,7 @@ returns a task: an object with `name`, `train_prompts(n, rng)`, `heldout_prompts
 replay_pipeline/tasks/base.py; replay_pipeline/tasks/template.py is a complete example to copy).
 
 Every process that builds the task imports the target again from the run's config.yaml: the
-trainer, `resume=` and `fork=`, the async generator processes, Dask workers (the file or
+trainer, `resume=` and `fork=`, the async generator processes and Ray actors (the file or
 module must be reachable there too), `flows.evaluate`, `flows.sweep` and deployment runs. A
 target that cannot be imported is refused before any work (the pre-flight), naming it and
 the fix.
@@ -74,7 +74,7 @@ def load_target(target: str, key: str = "task.target") -> Callable[..., Any]:
         except ImportError as exc:
             raise ValueError(f"{key}={target!r}: cannot import {where!r} ({exc}); put its directory on "
                              "PYTHONPATH (in every process that builds the task: generator processes and "
-                             f"Dask workers too), or name the file: {key}=/path/to/file.py:{attr}") from exc
+                             f"Ray actors too), or name the file: {key}=/path/to/file.py:{attr}") from exc
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise ValueError(f"{key}={target!r}: {where} has no callable {attr!r}")

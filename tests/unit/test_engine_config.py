@@ -1,27 +1,22 @@
 """The async loop's engine settings: refused by validation (pure) or, for what needs the
-machine (is dask or ray installed? does a scheduler answer? do the generators' Ray bundles fit
-the nodes?), by the pre-flight, saying how to fix it. (In the unit tier: none of these starts
+machine (is ray installed? do the generators' Ray bundles fit the nodes?), by the pre-flight, saying how to fix it. (In the unit tier: none of these starts
 a run or a Ray instance.)"""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from replay_pipeline.config import ConfigError, load_config
-from replay_pipeline.run.engines import check_dask_scheduler
 from replay_pipeline.run.preflight import preflight
 from replay_pipeline.run.placement import placement_problem
 from replay_pipeline.run.ray_engine import check_placement
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["loop=async", "loop.engine=spark"], "loop.engine='spark' is not one of ['local', 'dask', 'ray']"),
-    (["loop.engine=dask"], "add loop=async"),
+    (["loop=async", "loop.engine=spark"], "loop.engine='spark' is not one of ['local', 'ray']"),
+    (["loop=async", "loop.engine=dask"], "loop.engine=dask was retired on 2026-12-06: Ray does everything it did"),
     (["loop.engine=ray"], "loop.engine=ray with the sync loop and one learner process places nothing on Ray: add "
                           "loop=async"),
-    (["loop.engine=dask", "loop=async", "learner.world_size=2"], "a learner rank is a resident process"),
     (["learner.backend=mpi"], "learner.backend='mpi' is not one of ['auto', 'gloo', 'nccl']"),
     (["loop=async", "ray.address=10.0.0.5:6379"], "ray.address=10.0.0.5:6379 is only used with loop.engine=ray"),
     (["loop=async", "loop.engine=ray", "ray.address=10.0.0.5"], "is not a Ray head's address; give HOST:PORT"),
@@ -29,34 +24,12 @@ from replay_pipeline.run.ray_engine import check_placement
      "ray.num_cpus=2 sizes the local instance, which ray.address=10.0.0.5:6379 replaces"),
     (["loop=async", "loop.engine=ray", "ray.placement_timeout=0"], "ray.placement_timeout=0.0 must be"),
     (["loop=async", "loop.engine=ray", "ray.max_restarts=-1"], "ray.max_restarts=-1 must be"),
-    (["loop=async", "loop.dask_address=tcp://10.0.0.5:8786"], "only used with loop.engine=dask"),
-    (["loop=async", "loop.engine=dask", "loop.dask_address=10.0.0.5"], "is not a Dask scheduler address"),
     (["loop=async", "loop.heartbeat_timeout=0.5"], "loop.heartbeat_timeout=0.5 must be >= 1 (seconds; default 180)"),
 ])
 def test_engine_settings_are_validated(overrides, message):
     with pytest.raises(ConfigError) as info:
         load_config(overrides)
     assert message in str(info.value)
-
-
-def test_the_dask_engine_without_dask_installed_says_how_to_install_it(monkeypatch, tmp_path):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "distributed" else real(name, *a))
-    cfg = load_config(["loop=async", "loop.engine=dask", f"tracking.root_dir={tmp_path}"])  # valid configuration
-    with pytest.raises(ConfigError, match=r"pip install 'dask\[distributed\]'"):
-        preflight(cfg)  # the lookup of what is installed is the pre-flight's
-    assert load_config(["loop=async"]).loop.engine == "local"  # the default engine needs no Dask
-
-
-def test_a_listener_that_is_not_a_dask_scheduler_is_refused():
-    with socket.socket() as server:  # accepts the TCP connection, never speaks Dask
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
-        with pytest.raises(ConfigError, match=r"no Dask scheduler answered within 2 s"):
-            check_dask_scheduler(address, timeout=2.0)
 
 
 def test_the_ray_engine_without_ray_installed_says_how_to_install_it(monkeypatch, tmp_path):
@@ -101,3 +74,20 @@ def test_a_local_instance_too_small_for_the_generators_is_refused_without_starti
     assert "raise ray.num_cpus" in str(info.value)  # says how to fix it
     check_placement(load_config(["loop=async", "loop.engine=ray", "loop.workers=2", "ray.num_cpus=2",
                                  "ray.num_gpus=0"]))  # fits: no error
+
+
+def test_a_learner_too_large_for_a_local_instance_is_refused_without_starting_ray(tmp_path):
+    """The learner's ranks 1..N-1 join the generators in the pre-flight's placement check (their
+    own PACK group: replay_pipeline/run/ray_ranks.py)."""
+    from replay_pipeline.run.ray_ranks import rank_bundles
+
+    cfg = load_config(["loop=async", "loop.engine=ray", "loop.workers=1", "learner.world_size=3",
+                       "model.torch_threads=1", "ray.num_cpus=2", "ray.num_gpus=0", f"tracking.root_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as info:
+        check_placement(cfg, rank_bundles(cfg, "cpu"))
+    said = str(info.value)
+    assert "loop.engine=ray cannot place the generators and the learner's ranks" in said, said
+    assert "1 generator bundle(s) of {CPU: 1} and 2 learner rank bundle(s) of {CPU: 1} need 3 CPUs" in said, said
+    sync = load_config(["loop.engine=ray", "learner.world_size=3", "model.torch_threads=1", "ray.num_cpus=2",
+                        "ray.num_gpus=0"])  # the sync loop: the ranks alone, which fit
+    check_placement(sync, rank_bundles(sync, "cpu"))

@@ -124,7 +124,6 @@ def test_generator_vllm_validates_where_vllm_runs(available):
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["loop=async", "loop.engine=dask"], "loop.engine=dask is not supported"),
     (["loop=async", "loop.workers=2", "generator.gpu_memory_utilization=0.4"], "below 0.333"),
     (["generator.gpu_memory_utilization=0"], "gpu_memory_utilization=0"),
     (["generator.gpu_memory_utilization=1.5"], "must be in (0, 1]"),
