@@ -155,3 +155,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def two_node_cluster(num_cpus: int, **head: object) -> Iterator[object]:
+    """A two-node Ray cluster on this machine (`ray.cluster_utils.Cluster`): the head and one
+    more node of `num_cpus` logical CPUs each (`head`: more of the head's arguments), shut down
+    at the end."""
+    from ray.cluster_utils import Cluster  # optional dependency (ray): the Ray tests only
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": num_cpus, "include_dashboard": False, **head})
+    try:
+        nodes.add_node(num_cpus=num_cpus)
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        nodes.shutdown()

@@ -47,18 +47,10 @@ def root(tmp_path_factory) -> Path:
 def cluster():
     """A two-node Ray cluster on this machine: the head and one more node, one CPU each (Ray's
     resources are logical), so two generators' bundles of {CPU: 1} land one on each node."""
-    from ray.cluster_utils import Cluster
-
-    nodes = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False,
-        # a lost node is marked dead after 3 missed health checks a second apart (Ray's default: 5 of 3 s)
-        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
-    try:
-        nodes.add_node(num_cpus=1)
-        nodes.wait_for_nodes()
+    # a lost node is marked dead after 3 missed health checks a second apart (Ray's default: 5 of 3 s)
+    with engine_runs.two_node_cluster(1, _system_config={"health_check_period_ms": 1000,
+                                                         "health_check_failure_threshold": 3}) as nodes:
         yield nodes
-    finally:
-        nodes.shutdown()
 
 
 def start(root: Path, run_id: str, steps: int, *extra: str) -> subprocess.Popen:

@@ -34,15 +34,8 @@ def root(tmp_path_factory) -> Path:
 def cluster():
     """Two nodes of two (logical) CPUs: the generators' two bundles SPREAD one to a node, the
     learner rank's bundle goes where one is left."""
-    from ray.cluster_utils import Cluster
-
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    try:
-        nodes.add_node(num_cpus=2)
-        nodes.wait_for_nodes()
+    with engine_runs.two_node_cluster(2) as nodes:
         yield nodes
-    finally:
-        nodes.shutdown()
 
 
 def test_generators_on_both_nodes_and_a_two_rank_learner(root, cluster):
