@@ -39,7 +39,7 @@ Decisions:
   through a broadcast at start. Each rank then trains on its contiguous share of the rows
   (Learner._parts) and the sums of gradients and diagnostics are all-reduced (FSDP2: the
   gradients reduce-scattered), so every rank takes the update one process would take on the
-  whole minibatch (equal within float rounding: tests/integration/test_learner_ranks.py), and
+  whole minibatch (equal within float rounding: tests/integration/test_learner_ranks_equivalence.py), and
   adaptive reuse decides alike on every rank (it reads the all-reduced diagnostics).
 * **Nothing hangs without an error.** Every collective (the start's broadcast, each step's
   all-reduce) runs under `learner.timeout` seconds. Between rounds a rank waits on the store

@@ -190,6 +190,8 @@ def test_a_file_whose_imports_fail_there_is_not_run(gpu_check, tmp_path):
 def test_failing_tests_are_recorded_and_the_check_still_exits_0(gpu_check, tmp_path, monkeypatch):
     failing = tmp_path / "test_fails.py"
     failing.write_text("def test_fails():\n    assert 1 == 2\n\ndef test_passes():\n    pass\n")
+    # its own rootdir: the test names do not depend on where the checkout and the temporary directory are
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     monkeypatch.setattr(gpu_check, "PYTEST_RUNS", (dict(name="fails", file=str(failing), args=[], what="a failure"),))
     out = tmp_path / "out"
     assert gpu_check.main([*TINY_ARGS, "--out", str(out)]) == 0
