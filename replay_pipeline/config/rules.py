@@ -26,7 +26,7 @@ from replay_pipeline.tasks.answers import FALLBACKS
 from replay_pipeline.tasks.math import FORMATS
 from replay_pipeline.tasks.reasoning_gym import dataset_names
 
-#: loop.engine=dask, retired on 2026-12-06 (docs/log.md); a resume or fork of a run that used
+#: loop.engine=dask, retired (docs/log.md says when and why); a resume or fork of a run that used
 #: it is refused by replay_pipeline/run/resume.py with the command that continues it.
 DASK_RETIRED = ("loop.engine=dask was retired on 2026-12-06: Ray does everything it did, on one machine or a "
                 "multi-machine cluster, and more (learner ranks, placement checked before work, replaced "

@@ -551,7 +551,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
 GENERATOR_BACKENDS = ("transformers", "vllm")  # replay_pipeline.generation.build_generator
 LOOP_MODES = ("sync", "async")
-LOOP_ENGINES = ("local", "ray")  # `dask` was retired on 2026-12-06 (docs/log.md)
+LOOP_ENGINES = ("local", "ray")  # `dask` was retired (docs/log.md)
 LEARNER_BACKENDS = ("auto", "gloo", "nccl")
 #: learner.shard, besides None (replicated ranks).
 LEARNER_SHARDS = ("fsdp2",)
