@@ -327,7 +327,7 @@ def ray_generators(settings: Any, log: Callable[[str], Any] = print) -> Iterator
                 remove_placement_group(group)
 
 
-def _death(exc: BaseException) -> str:
+def actor_death(exc: BaseException) -> str:
     """Why an actor died, in a few words: Ray's own reason without its paragraph of common causes
     (`pid 123 on 10.0.0.5: its worker process has died. Worker exit type: SYSTEM_ERROR ...`)."""
     text = str(exc)
@@ -364,7 +364,7 @@ def run_ray_worker(generators: RayGenerators, cfg_container: dict[str, Any], run
             except RayActorError as exc:
                 if handle.killed or control.stopped():
                     return control.read_stats(worker)
-                cause = _death(exc)
+                cause = actor_death(exc)
                 if restarts >= limit:
                     handle.failure = (f"generator {worker} of {run_id}: its Ray actor died and ray.max_restarts="
                                       f"{limit} replacement(s) are used up ({cause})")

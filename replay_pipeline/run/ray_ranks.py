@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from typing import Any, Callable
 
 from replay_pipeline.run.ranks import learner_rank
-from replay_pipeline.run.ray_engine import _death, ray_placement, ray_session
+from replay_pipeline.run.ray_engine import actor_death, ray_placement, ray_session
 
 #: The ranks' placement: as few nodes as the bundles fit on (their collectives run every step).
 RANK_STRATEGY = "PACK"
@@ -75,7 +75,7 @@ class RayRank:
             ray.get(self.ref, timeout=1)
             return "Ray actor ended"
         except Exception as exc:  # RayActorError (died), RayTaskError (raised)
-            return f"Ray actor died: {_death(exc)}"
+            return f"Ray actor died: {actor_death(exc)}"
 
 
 class ActorLauncher:
