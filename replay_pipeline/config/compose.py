@@ -54,8 +54,12 @@ def config_dir_override(*paths: str) -> str:
     return f"hydra.searchpath=[{','.join(folders)}]"
 
 
-def load_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose conf/ with Hydra overrides and validate; raise ConfigError on any problem."""
+def load_config(overrides: list[str] | None = None, check: bool = True) -> DictConfig:
+    """Compose conf/ with Hydra overrides and validate; raise ConfigError on any problem.
+    With `check=False` the rules across keys (replay_pipeline/config/rules.py) are left to the
+    caller: a resume's command line is checked once merged into the saved run's configuration
+    (replay_pipeline/run/resume.py), since alone it may lack what the run has (loop=async).
+    Unknown keys and values of the wrong type are refused either way."""
     register_configs()
     overrides = list(overrides or [])
     try:
@@ -70,7 +74,8 @@ def load_config(overrides: list[str] | None = None) -> DictConfig:
             f"{k}" + (f" (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, known, 1)) else "")
             for k in unknown) + ". Keys are listed by `python -m flows.train --cfg`; a `+` does not make a key "
             "the schema lacks (replay_pipeline/config/schema.py) valid.")
-    validate(cfg)
+    if check:
+        validate(cfg)
     return cfg
 
 

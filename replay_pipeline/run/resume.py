@@ -139,16 +139,13 @@ def _retired(saved: dict[str, Any], overrides: list[str], how: str) -> dict[str,
         if engine not in ("local", "ray"):
             was = "loop.engine=dask" + (f" loop.dask_address={address}" if address is not None else "")
             rest = " ".join(o for o in overrides if _given([o], "loop.engine") is None)
-            # the command line is validated alone first: loop.engine=ray needs loop=async there
-            ray = "loop=async loop.engine=ray" if loop.get("mode") == "async" and "loop=async" not in overrides \
-                else "loop.engine=ray"
             raise ConfigError(
                 f"{how}: this run's generators ran on Dask ({was}), and the Dask engine was retired on "
                 "2026-12-06: Ray does everything it did, on one machine or a multi-machine cluster, and more "
                 "(learner ranks, placement checked before work, replaced generators), and one engine halves the "
                 "tests and docs (docs/log.md). loop.engine may change on a resume, with the same trajectory; "
                 "continue on Ray or locally:\n"
-                f"  python -m flows.train {rest} {ray}    # a local Ray instance; on a cluster add "
+                f"  python -m flows.train {rest} loop.engine=ray    # a local Ray instance; on a cluster add "
                 "ray.address=HEAD:6379 (infra/distributed.md)\n"
                 f"  python -m flows.train {rest} loop.engine=local    # generator processes of the flow")
         loop["engine"] = engine
@@ -172,8 +169,9 @@ def resolve_config(overrides: list[str] | None) -> DictConfig:
     validated, then (for resume or fork) rebuilt from the saved run's config as described in
     the module docstring. Raises ConfigError before any work."""
     overrides = list(overrides or [])
-    cfg = load_config(overrides)
+    cfg = load_config(overrides, check=False)  # a resume's command line is checked merged into the saved run's
     if cfg.resume is None and cfg.fork is None:
+        validate(cfg)
         return cfg
     if cfg.resume is not None and cfg.fork is not None:
         raise ConfigError("give either resume=<run_id> or fork=<run_id>@<step>, not both")

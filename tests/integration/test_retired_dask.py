@@ -77,10 +77,28 @@ def test_a_run_made_on_a_dask_scheduler_names_it(tmp_path):
         resolve_config([f"tracking.root_dir={tmp_path}", "resume=sched"])
     with pytest.raises(ConfigError) as info:
         resolve_config([f"tracking.root_dir={tmp_path}", "resume=sched"])
-    command = f"python -m flows.train tracking.root_dir={tmp_path} resume=sched loop=async loop.engine=ray "
-    assert command in str(info.value)  # the command as given, and it works:
+    command = f"python -m flows.train tracking.root_dir={tmp_path} resume=sched loop.engine=ray "
+    assert command in str(info.value)  # the command as given, and it works: the run's loop=async is its own
     cfg = resolve_config(command.split()[3:])
     assert cfg.loop.engine == "ray" and cfg.loop.mode == "async" and "dask_address" not in cfg.loop
+
+
+def test_a_resume_is_checked_with_the_saved_run_not_the_command_line_alone(tmp_path):
+    """`resume=ID loop.engine=ray` of an async run: alone, the command line is a sync run that
+    places nothing on Ray (refused); merged into the saved run it is valid. Merged settings
+    that break a rule are still refused."""
+    saved = load_config([f"tracking.root_dir={tmp_path}", "loop=async"])
+    path = tmp_path / "was-async" / "config.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(flatten_free(saved), sort_keys=False))
+    with pytest.raises(ConfigError, match="places nothing on Ray"):
+        load_config([f"tracking.root_dir={tmp_path}", "loop.engine=ray"])
+    cfg = resolve_config([f"tracking.root_dir={tmp_path}", "resume=was-async", "loop.engine=ray"])
+    assert cfg.loop.engine == "ray" and cfg.loop.mode == "async"
+    with pytest.raises(ConfigError, match="learner.shard=fsdp2 shards the model over the learner's ranks"):
+        resolve_config([f"tracking.root_dir={tmp_path}", "resume=was-async", "learner.shard=fsdp2"])
+    with pytest.raises(ConfigError, match="places nothing on Ray"):  # a new run is checked as before
+        resolve_config([f"tracking.root_dir={tmp_path}", "loop.engine=ray"])
 
 
 def test_an_old_dask_run_resumes_locally_from_its_checkpoint(old_runs):
