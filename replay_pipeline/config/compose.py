@@ -18,7 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from replay_pipeline.config.rules import validate
+from replay_pipeline.config.rules import identity_problems, validate
 from replay_pipeline.config.schema import CONF_DIR, Config, ConfigError
 
 
@@ -59,7 +59,8 @@ def load_config(overrides: list[str] | None = None, check: bool = True) -> DictC
     With `check=False` the rules across keys (replay_pipeline/config/rules.py) are left to the
     caller: a resume's command line is checked once merged into the saved run's configuration
     (replay_pipeline/run/resume.py), since alone it may lack what the run has (loop=async).
-    Unknown keys and values of the wrong type are refused either way."""
+    Unknown keys, values of the wrong type and malformed run_id, resume or fork are refused
+    either way."""
     register_configs()
     overrides = list(overrides or [])
     try:
@@ -76,6 +77,8 @@ def load_config(overrides: list[str] | None = None, check: bool = True) -> DictC
             "the schema lacks (replay_pipeline/config/schema.py) valid.")
     if check:
         validate(cfg)
+    elif problems := identity_problems(cfg):  # the run a resume or fork names is read next
+        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
     return cfg
 
 

@@ -187,17 +187,22 @@ def validate(cfg: DictConfig | Config) -> None:
          f"model.device={model.device!r} is not one of ['auto', 'cpu', 'cuda', 'cuda:N']; set "
          "model.device=auto (the GPU if there is one) or model.device=cpu")
 
-    for key in ("run_id", "resume"):
-        value = getattr(cfg, key, None)
-        need(value is None or re.fullmatch(r"[A-Za-z0-9_-]+", str(value)) is not None,
-             f"{key}={value!r} may only hold letters, digits, '-' and '_'")
-    fork = getattr(cfg, "fork", None)
-    need(fork is None or re.fullmatch(r"[A-Za-z0-9_-]+@[0-9]+", str(fork)) is not None,
-         f"fork={fork!r} must be <run_id>@<step>, e.g. fork=20261129-171530-3fa2c1@100 "
-         "(a run's checkpoints are <root_dir>/<run_id>/checkpoints/step-NNNNNN)")
-
+    problems.extend(identity_problems(cfg))
     if problems:
         raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def identity_problems(cfg: Any) -> list[str]:
+    """What is wrong with run_id, resume and fork as written (names a path is made of): checked
+    by `validate`, and on its own before a resume or fork reads the run it names."""
+    problems = [f"{key}={value!r} may only hold letters, digits, '-' and '_'"
+                for key in ("run_id", "resume") if (value := getattr(cfg, key, None)) is not None
+                and re.fullmatch(r"[A-Za-z0-9_-]+", str(value)) is None]
+    fork = getattr(cfg, "fork", None)
+    if fork is not None and re.fullmatch(r"[A-Za-z0-9_-]+@[0-9]+", str(fork)) is None:
+        problems.append(f"fork={fork!r} must be <run_id>@<step>, e.g. fork=20261129-171530-3fa2c1@100 "
+                        "(a run's checkpoints are <root_dir>/<run_id>/checkpoints/step-NNNNNN)")
+    return problems
 
 
 #: The keys of one reward term (reward.terms.NAME.*).

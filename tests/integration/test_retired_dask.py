@@ -99,6 +99,9 @@ def test_a_resume_is_checked_with_the_saved_run_not_the_command_line_alone(tmp_p
         resolve_config([f"tracking.root_dir={tmp_path}", "resume=was-async", "learner.shard=fsdp2"])
     with pytest.raises(ConfigError, match="places nothing on Ray"):  # a new run is checked as before
         resolve_config([f"tracking.root_dir={tmp_path}", "loop.engine=ray"])
+    for bad in ("resume=../was-async", "fork=was-async", "fork=../x@2"):  # refused before the run is read
+        with pytest.raises(ConfigError, match="may only hold letters|must be <run_id>@<step>"):
+            resolve_config([f"tracking.root_dir={tmp_path}", bad])
 
 
 def test_an_old_dask_run_resumes_locally_from_its_checkpoint(old_runs):
