@@ -43,7 +43,9 @@ Pareto frontier of accuracy against compute.
 
 The parent run holds `sweep.json` (each child's configuration, seed, run ids, status, held-out
 accuracy before, after and best, and the generation and training compute; the baseline, the
-families and the stage-1 best) and, at the end, the report under `report/`
+families and the stage-1 best; the children not yet ended as `pending`), logged again after
+every child, so a sweep still running or stopped part-way can be reported on the children it
+finished; and, at the end, the report under `report/`
 (replay_pipeline.reports.report; `python -m flows.report PARENT_RUN_ID` makes it again).
 
 The same flow is the `sweep` deployment (flows/deploy.py): its parameters are `configs` (name
@@ -513,10 +515,16 @@ def lr_variants(config: str, extra: list[str], overrides: list[str], factors: li
     return {f"{config}-lrx{f:g}".replace(".", "p"): [*extra, f"algo.lr={lr * f:.6g}"] for f in factors}
 
 
-def _run_children(children: list[Child], parent, results: list[dict[str, Any]], root: str | None = None) -> None:
+def _run_children(children: list[Child], parent, results: list[dict[str, Any]], root: str | None = None,
+                  sweep_record: dict[str, Any] | None = None) -> None:
     """Train each child, recording its outcome. With `root` (a continued sweep): a child whose
     run is there and finished is not trained again (its summary is read back), one that was
-    stopped part-way is resumed from its newest checkpoint (bit for bit), the rest start."""
+    stopped part-way is resumed from its newest checkpoint (bit for bit), the rest start.
+    With `sweep_record` (the sweep's sweep.json, whose `children` is `results`): each child is
+    listed in its `pending` until it ends, and the record is logged again after every child,
+    so that a sweep stopped part-way can be reported on what it finished (flows.report)."""
+    pending = sweep_record.setdefault("pending", []) if sweep_record is not None else []
+    pending.extend(child.run_id for child in children)
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.train import train
 
@@ -543,6 +551,10 @@ def _run_children(children: list[Child], parent, results: list[dict[str, Any]], 
             record |= {"status": "FAILED", "error": f"{type(exc).__name__}: {exc}"}
         results.append(record)
         parent.log_metrics({"sweep/children_done": float(len(results))}, step=len(results) - 1)
+        if child.run_id in pending:
+            pending.remove(child.run_id)
+        if sweep_record is not None:
+            parent.log_dict(sweep_record, "sweep.json")
 
 
 def _child_state(root: str, run_id: str) -> str | None:
@@ -660,7 +672,7 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
     families = {c: c for c in configs}
     out = {"name": name, "sweep_id": sweep_id, "mlflow_run_id": parent.run_id, "baseline": baseline,
            "families": families, "lr_factors": factors, "protocol": held_out, "children": results}
-    _run_children(children, parent, results, root)
+    _run_children(children, parent, results, root, out)
     if factors and baseline in configs:
         best = _best(parent, out, baseline, print)
         stage2: dict[str, list[str]] = {}
@@ -669,7 +681,8 @@ def sweep(configs: dict[str, list[str]] | None = None, seeds: list[int] | None =
             stage2 |= variants
             families |= {v: config for v in variants}
         out["best_stage1"] = best
-        _run_children(plan(stage2, seeds[:lr_seeds or len(seeds)], overrides, name, sweep_id), parent, results, root)
+        _run_children(plan(stage2, seeds[:lr_seeds or len(seeds)], overrides, name, sweep_id), parent, results, root,
+                      out)
     failed = [r for r in results if r["status"] != "FINISHED"]
     parent.log_dict(out, "sweep.json")
     if report and baseline in configs:

@@ -7,8 +7,9 @@
 Input: the parent MLflow run of a sweep (flows/sweep.py) and its ``sweep.json`` =
 {"name", "sweep_id", "mlflow_run_id", "children": [{"config", "seed", "run_id",
 "mlflow_run_id", "status", "overrides", ...}], optional "baseline" (default "no_buffer") and
-optional "families" ({config: family}; a config left out is its own family)}. Only FINISHED
-children are read; the others are listed in the report.
+optional "families" ({config: family}; a config left out is its own family) and optional
+"pending" (run ids of children not yet ended: an interim report, `partial_notes`)}. Only
+FINISHED children are read; the others are listed in the report.
 
 Decisions:
 
@@ -219,9 +220,9 @@ def load_sweep(client: Any, uri: str, parent_run_id: str) -> dict[str, Any]:
     if "sweep.json" not in {f.path for f in client.list_artifacts(parent_run_id)}:
         raise ReportError(
             f"MLflow run {parent_run_id} ({run.info.run_name}) has no sweep.json artifact: it is not a sweep's "
-            "parent run, or its sweep has not finished (flows.sweep writes sweep.json when the last child "
-            f"ends). Pass the parent run id that python -m flows.sweep printed; recent sweep parent runs: "
-            f"{_recent_sweeps(client)}")
+            "parent run, or no child of its sweep has ended yet (flows.sweep writes sweep.json after each child; "
+            "a sweep of an earlier version only at its end). Pass the parent run id that python -m flows.sweep "
+            f"printed; recent sweep parent runs: {_recent_sweeps(client)}")
     with tempfile.TemporaryDirectory() as tmp:
         record = json.loads(Path(client.download_artifacts(parent_run_id, "sweep.json", tmp)).read_text())
     children = record.get("children") if isinstance(record, dict) else None
@@ -229,6 +230,9 @@ def load_sweep(client: Any, uri: str, parent_run_id: str) -> dict[str, Any]:
             isinstance(c, dict) and {"config", "seed", "status"} <= c.keys() for c in children):
         raise ReportError(f"sweep.json of run {parent_run_id} has no children with config, seed and status; "
                           "it was not written by flows.sweep: rerun the sweep")
+    pending = record.get("pending") or []
+    if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):
+        raise ReportError(f"sweep.json of run {parent_run_id}: 'pending' must list run ids, got {pending!r}")
     if not isinstance(record.get("families") or {}, dict):
         raise ReportError(f"sweep.json of run {parent_run_id}: 'families' must map config -> family, "
                           f"got {record['families']!r}")
@@ -323,6 +327,7 @@ def merge_shards(record: dict[str, Any], shards: Sequence[dict[str, Any]]) -> di
         runs |= theirs_runs
         design = {**theirs, **design}  # a configuration may run on one shard's seeds only (the lr stage)
         merged["children"] += other["children"]
+        merged["pending"] = [*(merged.get("pending") or []), *(other.get("pending") or [])]
     if merged.get("protocol"):
         merged["protocol"] = {**merged["protocol"], "confirmation_seeds": sorted({q for _, q in runs})}
     return merged
@@ -358,6 +363,19 @@ def at_budget(child: Child, fraction: float) -> tuple[Child, int]:
                  history), cut
 
 
+def partial_notes(record: dict[str, Any]) -> list[str]:
+    """The report's first note when the sweep (or one of its shards) has children that have not
+    ended (sweep.json's `pending`: still running, or stopped part-way): an interim report."""
+    pending = record.get("pending") or []
+    if not pending:
+        return []
+    ids = sorted({p.rsplit("-", 1)[-1] for p in pending})  # <name>-<config>-s<seed>-<sweep id>
+    return [f"**Interim report**: {len(pending)} child run(s) of the sweep have not ended yet "
+            f"({', '.join(pending[:6])}{', ...' if len(pending) > 6 else ''}); this report reads the "
+            f"{len(record['children'])} that have. Continue the sweep (python -m flows.sweep ... --continue "
+            f"{' / '.join(ids)}) and report again for the final figures."]
+
+
 def load(uri: str, parent_run_id: str, baseline: str | None = None,
          shards: Sequence[tuple[str, str]] = (), budget: float | None = None) -> Sweep:
     """sweep.json and the metric histories of its FINISHED children; the baseline must have
@@ -375,7 +393,7 @@ def load(uri: str, parent_run_id: str, baseline: str | None = None,
     record = merge_shards(record, [r for _, r in parts[1:]])
     baseline = baseline or record.get("baseline") or DEFAULT_BASELINE
     statuses = [r["status"] for r in record["children"] if r["config"] == baseline]
-    notes: list[str] = []
+    notes: list[str] = partial_notes(record)
     children = [] if "FINISHED" not in statuses else [  # fail before reading every history
         c for part_client, part in parts for r in part["children"]
         if (c := _load_child(part_client, r, notes)) is not None]
@@ -625,7 +643,8 @@ def _sweep_info(sweep: Sweep) -> dict[str, Any]:
             "parent_run_id": sweep.parent_run_id, "baseline": sweep.baseline, "families": sweep.families,
             "seeds": sorted({int(c["seed"]) for c in sweep.record["children"]}),
             "shared_overrides": shared, "configs": own, "protocol": sweep.record.get("protocol"),
-            "shards": sweep.record.get("shards"), "budget": sweep.budget}
+            "shards": sweep.record.get("shards"), "budget": sweep.budget,
+            "pending": list(sweep.record.get("pending") or [])}
 
 
 def _mu_info(sweep: Sweep, mu: float) -> dict[str, Any]:
@@ -816,7 +835,8 @@ def _plot_distributions(dists: Mapping[str, Any], path: Path) -> None:
                         label=f"{config} ({d['runs']} run{'s' if d['runs'] > 1 else ''})")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel=name.replace("_", " "), ylabel="fraction (pooled over seeds)", title=name.replace("_", " "))
-        ax.legend(fontsize="x-small")
+        if ax.get_legend_handles_labels()[0]:  # none when no run read has rows of this kind (a baseline alone)
+            ax.legend(fontsize="x-small")
     fig.savefig(path, dpi=100)
 
 
@@ -1047,7 +1067,9 @@ def render_markdown(summary: dict[str, Any], plots: Sequence[str]) -> str:
     ms = measures(summary["projection_mu"])
     lines = [f"# Sweep report: {s['name']} ({s['sweep_id']})", "",
              f"MLflow parent run `{s['parent_run_id']}`. Accuracy is held-out greedy accuracy, median over seeds "
-             "(IQR in report.json and the plots).", "", *_glance_lines(summary, plots), *_swept(summary), "",
+             "(IQR in report.json and the plots).", "",
+             *([summary["notes"][0], ""] if s.get("pending") else []),
+             *_glance_lines(summary, plots), *_swept(summary), "",
              "## Results", "",
              f"Baseline `{b['config']}` peaks at median accuracy {b['peak_accuracy']:.3f} (step {b['peak_step']}). "
              "Compute to reach that peak, and its ratio to the baseline's compute at its own peak:", "",

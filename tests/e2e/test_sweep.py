@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from replay_pipeline.buffer import RolloutStore
+from replay_pipeline.reports import report
 from tests.conftest import ROOT, TINY_OVERRIDES
 
 
@@ -95,6 +96,16 @@ def test_a_sweep_killed_part_way_continues_where_each_child_was(tmp_path):
     first_id = f"cut-no_buffer-s0-{sweep_id}"
     first_info = json.loads((tmp_path / first_id / "run.json").read_text())
     assert first_info["status"] == "FINISHED"
+    # what it finished is reported on before it is continued: an interim report
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (cut,) = client.search_runs([client.get_experiment_by_name("cut-sweep").experiment_id],
+                                "tags.`replay_pipeline.sweep` = 'cut'")
+    interim = report.build_report(client.tracking_uri, cut.info.run_id, out=tmp_path / "interim")
+    assert interim.summary["sweep"]["pending"] == [f"cut-replay-s0-{sweep_id}"]
+    lines = interim.path.read_text().splitlines()
+    assert lines[4].startswith("**Interim report**: 1 child run(s) of the sweep have not ended yet "
+                               f"(cut-replay-s0-{sweep_id}); this report reads the 1 that have"), lines[:6]
+    assert f"--continue {sweep_id})" in lines[4]
     refused = subprocess.run([*cmd[:6], "1", *cmd[7:], "--continue", sweep_id], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "ran other settings (sweep.seeds differ)" in refused.stderr, refused.stderr
@@ -113,4 +124,5 @@ def test_a_sweep_killed_part_way_continues_where_each_child_was(tmp_path):
     record = json.loads(open(client.download_artifacts(parent.info.run_id, "sweep.json", str(tmp_path))).read())
     assert [(c["config"], c["status"], c.get("continued")) for c in record["children"]] == [
         ("no_buffer", "FINISHED", "already finished"), ("replay", "FINISHED", "resumed")]
+    assert record["pending"] == []
     assert parent.info.status == "FINISHED" and "report:" in again.stdout

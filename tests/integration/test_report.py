@@ -514,6 +514,17 @@ def test_a_sweep_run_in_shards_reports_as_the_whole(store, built, tmp_path):
     assert (split.summary["configs"]["replay"]["evidence"]["tokens"]["per_seed"]
             == built.summary["configs"]["replay"]["evidence"]["tokens"]["per_seed"])
 
+    # One part still running (or stopped part-way): its sweep.json lists the child that has not
+    # ended; the whole is an interim report that says so first and how to go on.
+    client_b.log_dict(parent_d, {**whole, "sweep_id": "abc127", "mlflow_run_id": parent_d, "children": children_d[:-1],
+                                 "pending": ["sw-replay-s3-abc127"]}, "sweep.json")
+    interim = report.load(store["uri"], parent_c, shards=[(uri_b, parent_d)])
+    assert interim.record["pending"] == ["sw-replay-s3-abc127"]
+    assert interim.notes[0] == (
+        f"**Interim report**: 1 child run(s) of the sweep have not ended yet (sw-replay-s3-abc127); this report "
+        f"reads the {len(whole['children']) - 1} that have. Continue the sweep (python -m flows.sweep ... "
+        "--continue abc127) and report again for the final figures.")
+
 
 def test_a_sweep_read_at_half_its_budget_is_the_sweep_stopped_at_step_10(store, tmp_path):
     """The fixture's baseline and replay runs (4 seeds each) in a store of their own, with pass@k
