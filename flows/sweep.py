@@ -515,15 +515,15 @@ def lr_variants(config: str, extra: list[str], overrides: list[str], factors: li
     return {f"{config}-lrx{f:g}".replace(".", "p"): [*extra, f"algo.lr={lr * f:.6g}"] for f in factors}
 
 
-def _run_children(children: list[Child], parent, results: list[dict[str, Any]], root: str | None = None,
-                  sweep_record: dict[str, Any] | None = None) -> None:
+def _run_children(children: list[Child], parent, results: list[dict[str, Any]], root: str | None,
+                  sweep_record: dict[str, Any]) -> None:
     """Train each child, recording its outcome. With `root` (a continued sweep): a child whose
     run is there and finished is not trained again (its summary is read back), one that was
     stopped part-way is resumed from its newest checkpoint (bit for bit), the rest start.
-    With `sweep_record` (the sweep's sweep.json, whose `children` is `results`): each child is
+    `sweep_record` is the sweep's sweep.json, whose `children` is `results`: each child is
     listed in its `pending` until it ends, and the record is logged again after every child,
     so that a sweep stopped part-way can be reported on what it finished (flows.report)."""
-    pending = sweep_record.setdefault("pending", []) if sweep_record is not None else []
+    pending = sweep_record.setdefault("pending", [])
     pending.extend(child.run_id for child in children)
     # start-up cost: the library (torch, lancedb, mlflow) loads after the command has parsed its arguments
     from flows.train import train
@@ -551,10 +551,8 @@ def _run_children(children: list[Child], parent, results: list[dict[str, Any]], 
             record |= {"status": "FAILED", "error": f"{type(exc).__name__}: {exc}"}
         results.append(record)
         parent.log_metrics({"sweep/children_done": float(len(results))}, step=len(results) - 1)
-        if child.run_id in pending:
-            pending.remove(child.run_id)
-        if sweep_record is not None:
-            parent.log_dict(sweep_record, "sweep.json")
+        pending.remove(child.run_id)
+        parent.log_dict(sweep_record, "sweep.json")
 
 
 def _child_state(root: str, run_id: str) -> str | None:

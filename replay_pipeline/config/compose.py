@@ -78,7 +78,7 @@ def load_config(overrides: list[str] | None = None, check: bool = True) -> DictC
     if check:
         validate(cfg)
     elif problems := identity_problems(cfg):  # the run a resume or fork names is read next
-        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+        raise ConfigError.listing(problems)
     return cfg
 
 

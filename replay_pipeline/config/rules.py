@@ -189,7 +189,7 @@ def validate(cfg: DictConfig | Config) -> None:
 
     problems.extend(identity_problems(cfg))
     if problems:
-        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+        raise ConfigError.listing(problems)
 
 
 def identity_problems(cfg: Any) -> list[str]:

@@ -33,6 +33,11 @@ def owned(default: Any, owner: str) -> Any:
 class ConfigError(ValueError):
     """Invalid configuration; the message says which override fixes it."""
 
+    @classmethod
+    def listing(cls, problems: list[str]) -> "ConfigError":
+        """One error naming every problem, each on its own line."""
+        return cls("Invalid configuration:\n  - " + "\n  - ".join(problems))
+
 
 @dataclass
 class WarmStartConfig:

@@ -75,7 +75,7 @@ def preflight(cfg: Any) -> None:
     if cfg.loop.engine == "ray" and importlib.util.find_spec("ray") is None:
         problems.append(f"loop.engine=ray needs ray, which is not installed: {RAY_INSTALL}")
     if problems:
-        raise ConfigError("Invalid configuration:\n  - " + "\n  - ".join(problems))
+        raise ConfigError.listing(problems)
     _probe_buffer_storage(cfg.buffer)
     if cfg.loop.engine == "ray":  # an unreachable cluster, or bundles that cannot fit, fail here
         check_placement(cfg, rank_bundles(cfg, resolve_device(cfg.model.device).type))
