@@ -27,7 +27,10 @@ Decisions:
 * **Seeds are aggregated per evaluation step**: median and 25th/75th percentiles (pandas'
   linear interpolation) of accuracy and pass@k over the seeds that logged that step, and the
   median of each compute measure there. Peak and final accuracy are read off the median
-  curve; final pass@k is the median curve's value at the last step pass@k was logged.
+  curve; final pass@k is the median curve's value at the last step pass@k was logged, max
+  pass@k (the paper's statistic) the median curve's maximum over training. pass@k is sampled at
+  temperature 1; the paper's pass@1 at temperature 0.1 (eval/pass_at_1_t01) is read the same
+  two ways.
 * **Compute to reach the baseline's peak, on the median curves.** The peak is the maximum of
   the baseline's median accuracy curve. A configuration reaches it at its first evaluation step whose median
   accuracy is >= the peak (1e-9 tolerance); the compute is the median compute there, and the
@@ -66,8 +69,8 @@ Decisions:
   dropped. Exact only where nothing a run does before the cut depends on its length (so here:
   a constant learning rate, evaluations at fixed multiples of steps); checked for this
   project's runs against runs stopped there (docs/guides/sweeps-and-reports.md, "Budget
-  cuts"). Every run must have evaluated at its cut, pass@k too if it logs pass@k at all (a run
-  that stopped there would have), else ReportError. The buffer distributions cover whole runs
+  cuts"). Every run must have evaluated at its cut, pass@k and the paper's pass@1 too if it
+  logs them at all (a run that stopped there would have), else ReportError. The buffer distributions cover whole runs
   and are left out (a note says so); the report says what it read, and its outputs go to
   ``.../<name>-<id>-budget<f>`` and the parent run's ``report-budget<f>/``.
 * **Plots** are drawn with matplotlib's Agg canvas on ``Figure`` objects (no pyplot state).
@@ -111,6 +114,7 @@ MU_METRIC = "compute/mu"
 LEDGER = ("compute/gen_tokens", "compute/gen_rollouts", "compute/train_rollouts",
           "compute/gen_seconds", "compute/train_seconds", "compute/gen_train_seconds", MU_METRIC)
 _PASS_AT = re.compile(r"eval/pass_at_(\d+)$")
+PAPER_PASS1 = "eval/pass_at_1_t01"  # the paper's pass@1: temperature 0.1, top_p 0.95 (training/evaluation.py)
 DEFAULT_KS = (1, 2, 4, 8, 16)
 TOLERANCE = 1e-9
 #: name -> (replay_pipeline.reports.analysis function, its count column); analysis (lancedb) is imported
@@ -257,7 +261,8 @@ def metric_frame(client: Any, mlflow_run_id: str, keys: Sequence[str]) -> pd.Dat
 
 def _child_keys(metric_names: Sequence[str]) -> list[str]:
     ks = sorted({int(m.group(1)) for n in metric_names if (m := _PASS_AT.match(n))} or DEFAULT_KS)
-    return [*LEDGER, LEARN_ENTROPY, ACCURACY, SAMPLE_ENTROPY, REUSE_UPDATES, *(f"eval/pass_at_{k}" for k in ks)]
+    return [*LEDGER, LEARN_ENTROPY, ACCURACY, SAMPLE_ENTROPY, REUSE_UPDATES, PAPER_PASS1,
+            *(f"eval/pass_at_{k}" for k in ks)]
 
 
 def _load_child(client: Any, record: dict[str, Any], notes: list[str]) -> Child | None:
@@ -342,7 +347,8 @@ def _check_budget(budget: float | None) -> None:
 def at_budget(child: Child, fraction: float) -> tuple[Child, int]:
     """`child` read as if it had stopped after `fraction` of its ``loop.steps`` rounds, and the
     step it is cut at (see the module's "At a smaller budget"). Raises ReportError when the
-    run has no ``loop.steps`` or did not evaluate (and, if it logs pass@k, sample pass@k) there."""
+    run has no ``loop.steps`` or did not evaluate (and, if it logs pass@k and the paper's pass@1,
+    sample them) there."""
     label = f"{child.config} seed {child.seed} ({child.run_id})"
     try:
         steps = int(child.params["loop.steps"])
@@ -351,8 +357,9 @@ def at_budget(child: Child, fraction: float) -> tuple[Child, int]:
                           "(without --budget)") from None
     cut = round(fraction * steps)
     evaluated = child.history.index[child.history[ACCURACY].notna()]
-    passk = [c for c in child.history.columns if _PASS_AT.match(c) and child.history[c].notna().any()]
-    missing = [k for k in [ACCURACY, *passk] if cut not in child.history.index or pd.isna(child.history.at[cut, k])]
+    sampled = [c for c in child.history.columns
+               if (_PASS_AT.match(c) or c == PAPER_PASS1) and child.history[c].notna().any()]
+    missing = [k for k in [ACCURACY, *sampled] if cut not in child.history.index or pd.isna(child.history.at[cut, k])]
     if missing:
         raise ReportError(f"{label}: {fraction:g} of its {steps} steps is step {cut}, where it did not log "
                           f"{', '.join(missing)} (it evaluated at steps {', '.join(map(str, evaluated[:8]))}, ...); "
@@ -469,16 +476,21 @@ def _final_mu(children: Sequence[Child]) -> float | None:
     return _number(np.median(finals)) if finals else None
 
 
+def _read(curve: pd.DataFrame, metric: str, peak: bool = False) -> dict[str, Any] | None:
+    """`metric` from the median curve: at the last step it was logged, or with `peak` at the
+    step where the median curve is highest (the paper's statistic: the maximum over training
+    of the median curve, with its IQR there); None where it was never logged."""
+    if ("median", metric) not in curve or not curve[("median", metric)].notna().any():
+        return None
+    logged = curve[("median", metric)].dropna()
+    step = int(logged.idxmax()) if peak else int(logged.index[-1])
+    return {"step": step, **_at(curve, step, metric)}
+
+
 def _pass_at_k(curve: pd.DataFrame, peak: bool = False) -> dict[int, dict[str, Any]]:
-    """pass@k per k from the median curve: at the last step it was logged, or with `peak` at
-    the step where the median curve is highest (the paper's statistic: the maximum over
-    training of the median pass@k curve, with its IQR there)."""
-    out = {}
-    for metric in curve["median"].columns:
-        if (m := _PASS_AT.match(metric)) and curve[("median", metric)].notna().any():
-            logged = curve[("median", metric)].dropna()
-            step = int(logged.idxmax()) if peak else int(logged.index[-1])
-            out[int(m.group(1))] = {"step": step, **_at(curve, step, metric)}
+    """pass@k (temperature 1) per k, read as `_read` reads it."""
+    out = {int(m.group(1)): read for metric in curve["median"].columns
+           if (m := _PASS_AT.match(metric)) and (read := _read(curve, metric, peak)) is not None}
     return dict(sorted(out.items()))
 
 
@@ -490,6 +502,7 @@ def _config_summary(children: Sequence[Child], mu: float) -> tuple[dict[str, Any
             "peak_step": peak, "peak_accuracy": _at(curve, peak, ACCURACY),
             "final_step": last, "final_accuracy": _at(curve, last, ACCURACY),
             "final_pass_at_k": _pass_at_k(curve), "max_pass_at_k": _pass_at_k(curve, peak=True),
+            "final_pass1_t01": _read(curve, PAPER_PASS1), "max_pass1_t01": _read(curve, PAPER_PASS1, peak=True),
             "final_mu": _final_mu(children),
             "design": _design_of(children, mu)}, curve
 
@@ -866,9 +879,11 @@ def _fmt(value: float | None, spec: str = ".3f", missing: str = "-") -> str:
 
 def _table(summary: dict[str, Any]) -> str:
     ms = measures(summary["projection_mu"])
-    # pass@1 and the largest k the runs sampled (loop.eval_samples), at the last step it was logged
+    # the paper's pass@1 (T=0.1), and pass@1 and the largest k the runs sampled (loop.eval_samples)
+    # at T=1, at the last step each was logged
     top = max((int(k) for c in summary["configs"].values() for k in c["final_pass_at_k"]), default=16)
-    head = ["config", "runs", "peak acc", "final acc", "final pass@1", f"final pass@{top}"]
+    head = ["config", "runs", "peak acc", "final acc", "final pass@1, T=0.1", "final pass@1, T=1",
+            f"final pass@{top}, T=1"]
     for m in ms:
         head += [f"{m.name} to baseline peak", "ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -876,7 +891,8 @@ def _table(summary: dict[str, Any]) -> str:
         pk = c["final_pass_at_k"]
         cells = [name + (" (baseline)" if name == summary["baseline"]["config"] else ""), str(c["runs"]),
                  _fmt(c["peak_accuracy"]["median"]), _fmt(c["final_accuracy"]["median"]),
-                 _fmt(pk.get(1, {}).get("median")), _fmt(pk.get(top, {}).get("median"))]
+                 _fmt((c.get("final_pass1_t01") or {}).get("median")), _fmt(pk.get(1, {}).get("median")),
+                 _fmt(pk.get(top, {}).get("median"))]
         for m in ms:
             to = c["to_baseline_peak"][m.key]
             cells += ["not reached", "-"] if to is None else [_fmt(to["compute"], m.fmt), _fmt(to["ratio"], ".2f")]
@@ -1011,18 +1027,24 @@ def _mu_lines(summary: dict[str, Any]) -> list[str]:
 
 def _details(summary: dict[str, Any]) -> list[str]:
     ks = sorted({k for c in summary["configs"].values() for k in c["final_pass_at_k"]})
-    head = ["config", "peak step", "final step", "final measured mu", *(f"pass@{k}" for k in ks)]
+    head = ["config", "peak step", "final step", "final measured mu", "pass@1, T=0.1", *(f"pass@{k}" for k in ks)]
     lines = ["## Per configuration", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(read: Mapping[str, Any] | None) -> str:
+        if not read:
+            return "-"
+        return f"{_fmt(read['median'])} [{_fmt(read['q25'])}, {_fmt(read['q75'])}] (step {read['step']})"
+
     for name, c in summary["configs"].items():
-        for which, label in (("max_pass_at_k", "max"), ("final_pass_at_k", "final")):
-            pk = c.get(which, {})
-            cells = [f"{name} ({label})", str(c["peak_step"]), str(c["final_step"]), _fmt(c["final_mu"], ".2f"),
-                     *(f"{_fmt(pk[k]['median'])} [{_fmt(pk[k]['q25'])}, {_fmt(pk[k]['q75'])}] (step {pk[k]['step']})"
-                       if k in pk else "-" for k in ks)]
+        for which in ("max", "final"):
+            pk = c.get(f"{which}_pass_at_k", {})
+            cells = [f"{name} ({which})", str(c["peak_step"]), str(c["final_step"]), _fmt(c["final_mu"], ".2f"),
+                     cell(c.get(f"{which}_pass1_t01")), *(cell(pk.get(k)) for k in ks)]
             lines.append("| " + " | ".join(cells) + " |")
-    return lines + ["", "pass@k: median [25th, 75th percentile] over seeds. `max`: the paper's statistic, the "
-                    "maximum over training of the median pass@k curve, with the IQR at that step; `final`: at the "
-                    "last step pass@k was logged."]
+    return lines + ["", "Median [25th, 75th percentile] over seeds. pass@k: sampled at temperature 1 (top_p "
+                    "loop.eval_top_p); pass@1, T=0.1: the paper's pass@1 (top_p 0.95, loop.pass1_samples a prompt). "
+                    "`max`: the paper's statistic, the maximum over training of the median curve, with the IQR at "
+                    "that step; `final`: at the last step it was logged."]
 
 
 def _frontier_lines(summary: dict[str, Any]) -> list[str]:

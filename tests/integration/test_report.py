@@ -28,7 +28,9 @@ it reaches 0.6 at 500 tokens via replay.
 Final compute/mu per seed: no_buffer 1.0 1.1 1.2 1.3 (median 1.15), replay 0.9 1.0 1.0 1.1 (1.0),
 replay_lr2 1.0 1.0, slow 1.2 1.2; all 12 runs: median 1.05 (the planner: on-policy, gamma 1).
 pass@k at step 20: median P[k] (+0.05 for replay, -0.05 for lr2 and slow), 4 seeds offset
-(-0.05, -0.01, 0.01, 0.05): IQR -+ 0.02.
+(-0.05, -0.01, 0.01, 0.05): IQR -+ 0.02. The paper's pass@1 (T=0.1), eval/pass_at_1_t01: 0.25 at
+step 0, 0.58 + the same shift and offsets at step 20, and for replay also 0.70 (+ offsets) at
+step 10, so its maximum over training (0.70) is not its final value (0.63).
 LanceDB: replay seeds 0 and 1 each hold test_analysis's run-a tables (32 rollouts, 22 uses),
 so the pooled histograms are twice test_analysis's; the other children have none.
 """
@@ -59,6 +61,7 @@ NAME, SWEEP_ID = "sw", "abc123"
 EVALS = [0, 5, 10, 15, 20]
 ROUNDS = 20
 P = {1: 0.5, 2: 0.6, 4: 0.68, 8: 0.74, 16: 0.8}
+PAPER_PASS1 = 0.58  # eval/pass_at_1_t01 at step 20, before the shift
 OFFSETS = {4: [-0.1, -0.02, 0.02, 0.1], 2: [-0.02, 0.02]}
 CONFIGS = {  # medians, tokens/round per seed, seconds/round, gen/train rollouts per round, mu per seed, pass shift
     "no_buffer": ([0.3, 0.5, 0.6, 0.55, 0.5], [100] * 4, 2.0, (64, 64), [1.0, 1.1, 1.2, 1.3], 0.0),
@@ -92,6 +95,9 @@ def child_metrics(config: str, k: int) -> list[tuple[str, float, int]]:
         out += [("eval/accuracy", m + off, step), ("eval/sample_entropy", 0.8 - 0.01 * step + off, step)]
     for key, value in P.items():
         out += [(f"eval/pass_at_{key}", 0.2, 0), (f"eval/pass_at_{key}", value + shift + off / 2, ROUNDS)]
+    out += [("eval/pass_at_1_t01", 0.25, 0), ("eval/pass_at_1_t01", PAPER_PASS1 + shift + off / 2, ROUNDS)]
+    if config == "replay":
+        out.append(("eval/pass_at_1_t01", 0.70 + off / 2, 10))
     return out
 
 
@@ -192,12 +198,13 @@ def cells(table: str, config: str) -> list[str]:
 def test_table_values(built):
     t = built.table
     header = [c.strip() for c in t.splitlines()[0].strip("|").split("|")]
-    assert header == ["config", "runs", "peak acc", "final acc", "final pass@1", "final pass@16",
+    assert header == ["config", "runs", "peak acc", "final acc", "final pass@1, T=0.1", "final pass@1, T=1",
+                      "final pass@16, T=1",
                       "generated tokens to baseline peak", "ratio", "measured seconds to baseline peak", "ratio",
                       f"{PROJECTED} to baseline peak", "ratio"]
-    assert cells(t, "no_buffer") == ["no_buffer (baseline)", "4", "0.600", "0.500", "0.500", "0.800",
+    assert cells(t, "no_buffer") == ["no_buffer (baseline)", "4", "0.600", "0.500", "0.580", "0.500", "0.800",
                                      "1,000", "1.00", "20.0", "1.00", "4,019", "1.00"]
-    assert cells(t, "replay") == ["replay", "4", "0.650", "0.600", "0.550", "0.850",
+    assert cells(t, "replay") == ["replay", "4", "0.650", "0.600", "0.630", "0.550", "0.850",
                                   "500", "0.50", "15.0", "0.75", "2,970", "0.74"]
 
 
@@ -209,12 +216,27 @@ def test_the_table_names_the_k_the_runs_sampled(built):
         c["final_pass_at_k"] = {k if k != 16 else 8: v for k, v in c["final_pass_at_k"].items()}
     t = report._table(summary)
     header = [c.strip() for c in t.splitlines()[0].strip("|").split("|")]
-    assert header[4:6] == ["final pass@1", "final pass@8"]
-    assert cells(t, "replay")[4:6] == ["0.550", "0.850"]
-    assert cells(t, "replay_lr2") == ["replay_lr2", "2", "0.610", "0.500", "0.450", "0.750",
+    assert header[4:7] == ["final pass@1, T=0.1", "final pass@1, T=1", "final pass@8, T=1"]
+    assert cells(t, "replay")[4:7] == ["0.630", "0.550", "0.850"]
+    assert cells(t, "replay_lr2") == ["replay_lr2", "2", "0.610", "0.500", "0.530", "0.450", "0.750",
                                       "600", "0.60", "18.0", "0.90", "4,454", "1.11"]
-    assert cells(t, "slow")[6:] == ["not reached", "-"] * 3
+    assert cells(t, "slow")[7:] == ["not reached", "-"] * 3
     assert "| broken" not in t  # no finished run
+
+
+def test_the_papers_pass1_at_temperature_0_1_is_read_its_way(built):
+    """eval/pass_at_1_t01, the paper's pass@1, is in the table (its final median) and under Per
+    configuration as the paper reads it: the maximum over training of the median curve (replay's
+    0.70 at step 10, above its final 0.63), with the IQR at that step."""
+    replay = built.summary["configs"]["replay"]
+    assert replay["max_pass1_t01"] == pytest.approx({"step": 10, "median": 0.70, "q25": 0.68, "q75": 0.72})
+    assert replay["final_pass1_t01"] == pytest.approx({"step": 20, "median": 0.63, "q25": 0.61, "q75": 0.65})
+    assert built.summary["configs"]["no_buffer"]["max_pass1_t01"]["step"] == 20
+    details = built.path.read_text().split("## Per configuration")[1]
+    header = [c.strip() for c in details.strip().splitlines()[0].strip("|").split("|")]
+    assert header[4:6] == ["pass@1, T=0.1", "pass@1"]
+    assert cells(details, "replay (max)")[4] == "0.700 [0.680, 0.720] (step 10)"
+    assert cells(details, "replay (final)")[4] == "0.630 [0.610, 0.650] (step 20)"
 
 
 def test_summary_numbers(built):
@@ -528,11 +550,12 @@ def test_a_sweep_run_in_shards_reports_as_the_whole(store, built, tmp_path):
 
 def test_a_sweep_read_at_half_its_budget_is_the_sweep_stopped_at_step_10(store, tmp_path):
     """The fixture's baseline and replay runs (4 seeds each) in a store of their own, with pass@k
-    also sampled at step 10 (P[k] - 0.1 + shift + offset/2), read at budget 1/2: every run cut
-    at step 10 of its 20. Baseline medians 0.3 0.5 0.6 -> peak 0.6 at step 10 as before; replay
-    0.3 0.55 0.62 reaches it at step 10 with 500 tokens (0.50); its final accuracy is step 10's
-    0.62 and its final pass@1 0.5 - 0.1 + 0.05 = 0.45 (the baseline's 0.40). Steps 10-19's
-    rounds are dropped; budgets that miss an evaluation (or pass@k) are refused."""
+    also sampled at step 10 (P[k] - 0.1 + shift + offset/2; the baseline's paper pass@1 0.48 +
+    offset/2, replay's is the fixture's 0.70 there), read at budget 1/2: every run cut at step 10
+    of its 20. Baseline medians 0.3 0.5 0.6 -> peak 0.6 at step 10 as before; replay 0.3 0.55
+    0.62 reaches it at step 10 with 500 tokens (0.50); its final accuracy is step 10's 0.62 and
+    its final pass@1 0.5 - 0.1 + 0.05 = 0.45 (the baseline's 0.40). Steps 10-19's rounds are
+    dropped; budgets that miss an evaluation (or pass@k, or the paper's pass@1) are refused."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
@@ -549,6 +572,8 @@ def test_a_sweep_read_at_half_its_budget_is_the_sweep_stopped_at_step_10(store, 
             shift, off = CONFIGS[config][5], OFFSETS[4][k]
             client.log_batch(mid, metrics=[Metric(f"eval/pass_at_{key}", value - 0.1 + shift + off / 2, 3, 10)
                                            for key, value in P.items()])
+            if config == "no_buffer":  # replay's fixture already logs it at step 10
+                client.log_batch(mid, metrics=[Metric("eval/pass_at_1_t01", 0.48 + off / 2, 3, 10)])
             children.append({"config": config, "seed": k, "run_id": run_id(config, k), "status": "FINISHED",
                              "mlflow_run_id": mid, "overrides": ["loop.steps=20", *OVERRIDES[config]]})
     client.log_dict(parent, {"name": NAME, "sweep_id": "half01", "mlflow_run_id": parent, "children": children},
@@ -557,9 +582,9 @@ def test_a_sweep_read_at_half_its_budget_is_the_sweep_stopped_at_step_10(store, 
     half = report.build_report(uri, parent, root=root, budget=0.5)
     assert half.path.parent == root / "reports" / f"{NAME}-half01-budget0.5"
     assert half.artifact_uri.endswith("/report-budget0.5")
-    assert cells(half.table, "no_buffer") == ["no_buffer (baseline)", "4", "0.600", "0.600", "0.400", "0.700",
-                                              "1,000", "1.00", "20.0", "1.00", "4,019", "1.00"]
-    assert cells(half.table, "replay") == ["replay", "4", "0.620", "0.620", "0.450", "0.750",
+    assert cells(half.table, "no_buffer") == ["no_buffer (baseline)", "4", "0.600", "0.600", "0.480", "0.400",
+                                              "0.700", "1,000", "1.00", "20.0", "1.00", "4,019", "1.00"]
+    assert cells(half.table, "replay") == ["replay", "4", "0.620", "0.620", "0.700", "0.450", "0.750",
                                            "500", "0.50", "15.0", "0.75", "2,970", "0.74"]
     s = half.summary
     assert s["sweep"]["budget"] == {"fraction": 0.5, "cuts": {"no_buffer": 10, "replay": 10}}
@@ -573,7 +598,8 @@ def test_a_sweep_read_at_half_its_budget_is_the_sweep_stopped_at_step_10(store, 
     assert whole.summary["configs"]["replay"]["final_step"] == 20 and whole.summary["sweep"]["budget"] is None
 
     with pytest.raises(report.ReportError, match=r"0.25 of its 20 steps is step 5, where it did not log "
-                                                 r"eval/pass_at_1, .*choose a budget that lands on an evaluation"):
+                                                 r"eval/pass_at_1_t01, eval/pass_at_1, .*choose a budget that "
+                                                 r"lands on an evaluation"):
         report.load(uri, parent, budget=0.25)
     with pytest.raises(report.ReportError, match=r"step 6, where it did not log eval/accuracy"):
         report.load(uri, parent, budget=0.3)
