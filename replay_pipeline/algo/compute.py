@@ -9,6 +9,14 @@ paper's compute ratio against an on-policy run, is (1 + W/T) / (1 + mu) where W/
 measured ratio of generation to training seconds (`compute/gen_train_ratio`): below 1 the
 run spent less compute per learner update than the on-policy loop would have.
 
+Generated rollouts (`compute/gen_rollouts`) and tokens count every rollout the run generated,
+whichever process did: a resumed sync run reads back the steps its stopped process had stored
+beyond its last checkpoint instead of generating them again, and counts them as generated
+(an unstopped run's totals, exactly). Their generation seconds ran in the stopped process and
+are not known here: they are `compute/gen_untimed_rollouts`, left out of mu's per-rollout
+seconds, and W/T scales the measured generation seconds up to every generated rollout at
+the measured rate (the same as the measured W/T when nothing was replayed).
+
 Phases: generate (tokens, FLOPs, seconds; in the async loop summed over the generator
 workers), train (tokens, FLOPs, seconds), eval (tokens, FLOPs, seconds; not part of
 `compute/total_flops`, which is the paper's trainer + inference compute) and other (seconds: storage,
@@ -26,8 +34,8 @@ class ComputeLedger:
     parameters: int
     totals: dict[str, float] = field(default_factory=lambda: {
         "gen_tokens": 0.0, "gen_seconds": 0.0, "train_tokens": 0.0, "train_seconds": 0.0,
-        "train_rollouts": 0.0, "gen_rollouts": 0.0, "eval_seconds": 0.0, "eval_tokens": 0.0,
-        "other_seconds": 0.0,
+        "train_rollouts": 0.0, "gen_rollouts": 0.0, "gen_untimed_rollouts": 0.0, "eval_seconds": 0.0,
+        "eval_tokens": 0.0, "other_seconds": 0.0,
     })
 
     def add(self, **amounts: float) -> None:
@@ -42,17 +50,25 @@ class ComputeLedger:
     def train_flops(self) -> float:
         return 6.0 * self.parameters * self.totals["train_tokens"]
 
+    def _timed_rollouts(self) -> float:
+        """Generated rollouts whose generation seconds this ledger holds."""
+        return self.totals["gen_rollouts"] - self.totals["gen_untimed_rollouts"]
+
     def mu(self) -> float:
         """Seconds to generate one rollout / seconds to train on one rollout, run so far."""
-        t = self.totals
-        if t["gen_rollouts"] == 0 or t["train_rollouts"] == 0 or t["train_seconds"] == 0:
+        t, timed = self.totals, self._timed_rollouts()
+        if timed <= 0 or t["train_rollouts"] == 0 or t["train_seconds"] == 0:
             return float("nan")
-        return (t["gen_seconds"] / t["gen_rollouts"]) / (t["train_seconds"] / t["train_rollouts"])
+        return (t["gen_seconds"] / timed) / (t["train_seconds"] / t["train_rollouts"])
 
     def gen_train_ratio(self) -> float:
-        """Generation seconds per training second so far (the effective W/T)."""
-        t = self.totals
-        return t["gen_seconds"] / t["train_seconds"] if t["train_seconds"] else float("nan")
+        """Generation seconds per training second so far (the effective W/T), the generation
+        seconds scaled to every generated rollout when some were not timed (module docstring)."""
+        t, timed = self.totals, self._timed_rollouts()
+        if not t["train_seconds"] or (t["gen_untimed_rollouts"] and timed <= 0):
+            return float("nan")
+        scale = t["gen_rollouts"] / timed if t["gen_untimed_rollouts"] else 1.0
+        return t["gen_seconds"] * scale / t["train_seconds"]
 
     def mu_flops(self) -> float:
         t = self.totals
@@ -85,5 +101,6 @@ class ComputeLedger:
             "compute/gen_train_ratio": self.gen_train_ratio(),
             "compute/gamma": self.gamma(),
             "compute/gen_rollouts": t["gen_rollouts"],
+            "compute/gen_untimed_rollouts": t["gen_untimed_rollouts"],
             "compute/train_rollouts": t["train_rollouts"],
         }

@@ -111,8 +111,9 @@ SAMPLE_ENTROPY = "eval/sample_entropy"
 LEARN_ENTROPY = "learn/entropy"
 REUSE_UPDATES = "reuse/updates"  # adaptive reuse: the updates each round took (replay_pipeline/algo/reuse.py)
 MU_METRIC = "compute/mu"
+UNTIMED = "compute/gen_untimed_rollouts"  # rollouts a resume replayed from the store (algo/compute.py)
 LEDGER = ("compute/gen_tokens", "compute/gen_rollouts", "compute/train_rollouts",
-          "compute/gen_seconds", "compute/train_seconds", "compute/gen_train_seconds", MU_METRIC)
+          "compute/gen_seconds", "compute/train_seconds", "compute/gen_train_seconds", MU_METRIC, UNTIMED)
 _PASS_AT = re.compile(r"eval/pass_at_(\d+)$")
 PAPER_PASS1 = "eval/pass_at_1_t01"  # the paper's pass@1: temperature 0.1, top_p 0.95 (training/evaluation.py)
 DEFAULT_KS = (1, 2, 4, 8, 16)
@@ -703,9 +704,22 @@ def summarise(sweep: Sweep, mu: float = DEFAULT_MU, target: float | None = None,
                                            **configs[best]["to_baseline_peak"],
                                            "evidence": configs[best]["evidence"]},
         "mu": _mu_info(sweep, mu),
-        "notes": list(sweep.notes),
+        "notes": [*sweep.notes, *_untimed_notes(sweep.children)],
     }
     return summary, curves
+
+
+def _untimed_notes(children: Sequence[Child]) -> list[str]:
+    """A note when runs were resumed over steps their stopped process had stored: those
+    rollouts count in tokens, rollouts and the projection, but their generation seconds ran
+    in the stopped process, so the measured seconds leave them out."""
+    untimed = {f"{c.config} seed {c.seed}": int(s.iloc[-1]) for c in children
+               if UNTIMED in c.history and not (s := c.history[UNTIMED].dropna()).empty and s.iloc[-1] > 0}
+    if not untimed:
+        return []
+    return [f"Measured seconds of {len(untimed)} run(s) leave out the generation of rollouts a resume read back "
+            f"from the store ({', '.join(f'{k}: {v:,}' for k, v in untimed.items())}): a stopped process "
+            "generated them and its seconds went with it; generated tokens, rollouts and the projection count them."]
 
 
 def _curve_rows(curve: pd.DataFrame) -> list[dict[str, Any]]:

@@ -136,8 +136,8 @@ class TrainingRun:
                                      max_flagged_fraction=self.settings.reward.max_flagged_fraction,
                                      terms=self.reward_terms, verifier_weight=self.settings.reward.verifier_weight)
         tokens = float(metrics["generate/tokens"])
-        if batch.reused:  # generated (and paid for) by the stopped process: FLOPs yes, seconds unknown
-            self.ledger.add(gen_tokens=tokens)
+        if batch.reused:  # generated (and paid for) by the stopped process: counted, its seconds unknown here
+            self.ledger.add(gen_tokens=tokens, gen_rollouts=table.num_rows, gen_untimed_rollouts=table.num_rows)
         else:
             # The verifier's time counts as generation, as in the paper's cost model (laying
             # the rows out for storage does not: that is the pipeline's own cost).

@@ -95,6 +95,8 @@ def child_metrics(config: str, k: int) -> list[tuple[str, float, int]]:
         out += [("eval/accuracy", m + off, step), ("eval/sample_entropy", 0.8 - 0.01 * step + off, step)]
     for key, value in P.items():
         out += [(f"eval/pass_at_{key}", 0.2, 0), (f"eval/pass_at_{key}", value + shift + off / 2, ROUNDS)]
+    if (config, k) == ("replay_lr2", 1):  # resumed at step 10 over 2 stored steps of 32 rollouts
+        out += [("compute/gen_untimed_rollouts", 0.0 if s < 10 else 64.0, s) for s in range(ROUNDS)]
     out += [("eval/pass_at_1_t01", 0.25, 0), ("eval/pass_at_1_t01", PAPER_PASS1 + shift + off / 2, ROUNDS)]
     if config == "replay":
         out.append(("eval/pass_at_1_t01", 0.70 + off / 2, 10))
@@ -237,6 +239,14 @@ def test_the_papers_pass1_at_temperature_0_1_is_read_its_way(built):
     assert header[4:6] == ["pass@1, T=0.1", "pass@1"]
     assert cells(details, "replay (max)")[4] == "0.700 [0.680, 0.720] (step 10)"
     assert cells(details, "replay (final)")[4] == "0.630 [0.610, 0.650] (step 20)"
+
+
+def test_runs_resumed_over_stored_steps_are_named_with_their_untimed_rollouts(built):
+    notes = [n for n in built.summary["notes"] if n.startswith("Measured seconds of")]
+    assert notes == ["Measured seconds of 1 run(s) leave out the generation of rollouts a resume read back from the "
+                     "store (replay_lr2 seed 1: 64): a stopped process generated them and its seconds went with it; "
+                     "generated tokens, rollouts and the projection count them."]
+    assert notes[0] in built.path.read_text()
 
 
 def test_summary_numbers(built):

@@ -72,6 +72,15 @@ def assert_same_trajectory(ref_metrics, metrics, steps):
             assert metrics[step][key] == ref_metrics[step][key], (step, key)
 
 
+def assert_same_counts(ref: TrainingRun, resumed: TrainingRun, replayed: int) -> None:
+    """The compute ledger counts what the run generated and trained on, whichever process did:
+    the unstopped run's totals exactly; the `replayed` rollouts read back from the store are
+    untimed (their generation seconds ran in the stopped process)."""
+    for key in ("gen_tokens", "gen_rollouts", "train_tokens", "train_rollouts"):
+        assert resumed.ledger.totals[key] == ref.ledger.totals[key], key
+    assert (ref.ledger.totals["gen_untimed_rollouts"], resumed.ledger.totals["gen_untimed_rollouts"]) == (0, replayed)
+
+
 def stored(run_or_store):
     store = run_or_store.store if isinstance(run_or_store, TrainingRun) else run_or_store
     return store.read_at(store.version, columns=["step", "seq", "reward", "completion_ids", "behaviour_logprobs",
@@ -110,6 +119,7 @@ def test_resume_after_crash_is_bit_for_bit(reference, commit_seconds, stored_thr
         assert u[key] == u_ref[key]
     for a, b in zip(ref.learner.model.state_dict().values(), resumed.learner.model.state_dict().values()):
         assert torch.equal(a, b)
+    assert_same_counts(ref, resumed, replayed=16 * (stored_through - 1))  # steps 2..stored_through read back
     # The same MLflow run, RUNNING again and then finished; its lineage in run.json.
     assert resumed.tracker.run_id == json.loads((root / run_id / "run.json").read_text())["mlflow_run_id"]
     info = json.loads((root / run_id / "run.json").read_text())
@@ -126,6 +136,7 @@ def test_resume_before_first_checkpoint_reuses_everything(reference):
     assert resumed.start_step == 0 and resumed.stored_through == 1
     metrics = drive(resumed)
     assert_same_trajectory(ref_metrics, metrics, range(STEPS))
+    assert_same_counts(ref, resumed, replayed=16 * 2)
 
 
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(reference):
