@@ -107,6 +107,9 @@ SAMPLE_APPENDS, SAMPLE_BATCH = 4, 2048
 DISK_HEADROOM = 0.2
 GB = 1e9
 DECILES = 10
+#: Every synthetic row's created_at: one fixed instant (the Unix epoch), so that the rows a run
+#: of the benchmark writes do not depend on when it ran.
+CREATED_AT = np.datetime64(0, "us")
 
 
 class SyntheticRollouts:
@@ -156,7 +159,7 @@ class SyntheticRollouts:
             "finish_reason": pa.array(["stop"] * n),
             "num_tokens": pa.array(np.full(n, self.tokens, np.int32)),
             "seed": pa.array(np.full(n, step, np.int64)),
-            "created_at": pa.array(np.full(n, np.datetime64("2026-01-01", "us")), pa.timestamp("us", tz="UTC")),
+            "created_at": pa.array(np.full(n, CREATED_AT), pa.timestamp("us", tz="UTC")),
             "temperature": pa.array(np.full(n, 1.0), ROLLOUT_SCHEMA.field("temperature").type),
             "top_p": pa.array(np.full(n, 1.0), ROLLOUT_SCHEMA.field("top_p").type),
         }

@@ -28,10 +28,11 @@ from replay_pipeline.tasks.reasoning_gym import dataset_names
 
 #: loop.engine=dask, retired (docs/log.md says when and why); a resume or fork of a run that used
 #: it is refused by replay_pipeline/run/resume.py with the command that continues it.
-DASK_RETIRED = ("loop.engine=dask was retired on 2026-12-06: Ray does everything it did, on one machine or a "
-                "multi-machine cluster, and more (learner ranks, placement checked before work, replaced "
-                "generators), and one engine halves the tests and docs; use loop.engine=ray (a local Ray "
-                "instance, or ray.address=HEAD:6379 for a cluster: infra/distributed.md) or loop.engine=local")
+DASK_REASON = ("Ray does everything it did, on one machine or a multi-machine cluster, and more (learner "
+               "ranks, placement checked before work, replaced generators), and one engine halves the tests "
+               "and docs (docs/log.md)")
+DASK_RETIRED = (f"loop.engine=dask was retired: {DASK_REASON}; use loop.engine=ray (a local Ray instance, or "
+                "ray.address=HEAD:6379 for a cluster: infra/distributed.md) or loop.engine=local")
 RAY_INSTALL = "pip install 'ray==2.60.*' (CPU machines: pip install -c infra/constraints-cpu.txt ray)"
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 _RAY_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s/:\[\]]+):[0-9]{1,5}")

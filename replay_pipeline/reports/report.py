@@ -70,8 +70,8 @@ Decisions:
   a constant learning rate, evaluations at fixed multiples of steps); checked for this
   project's runs against runs stopped there (docs/guides/sweeps-and-reports.md, "Budget
   cuts"). Every run must have evaluated at its cut, pass@k and the paper's pass@1 too if it
-  logs them at all (a run that stopped there would have), else ReportError. The buffer distributions cover whole runs
-  and are left out (a note says so); the report says what it read, and its outputs go to
+  logs them at all (a run that stopped there would have), else ReportError. The buffer
+  distributions cover whole runs and are left out (a note says so); the report says what it read, and its outputs go to
   ``.../<name>-<id>-budget<f>`` and the parent run's ``report-budget<f>/``.
 * **Plots** are drawn with matplotlib's Agg canvas on ``Figure`` objects (no pyplot state).
 * **Outputs** go to ``out`` (default ``<root>/reports/<name>-<sweep_id>/``) and are logged as

@@ -38,7 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from replay_pipeline.config import Config, ConfigError, flatten, load_config, validate
+from replay_pipeline.config import DASK_REASON, Config, ConfigError, flatten, load_config, validate
 from replay_pipeline.system.runs import RunPaths, list_runs
 
 #: `resume=last`: the newest run under tracking.root_dir (replay_pipeline.system.runs.list_runs).
@@ -140,11 +140,9 @@ def _retired(saved: dict[str, Any], overrides: list[str], how: str) -> dict[str,
             was = "loop.engine=dask" + (f" loop.dask_address={address}" if address is not None else "")
             rest = " ".join(o for o in overrides if _given([o], "loop.engine") is None)
             raise ConfigError(
-                f"{how}: this run's generators ran on Dask ({was}), and the Dask engine was retired on "
-                "2026-12-06: Ray does everything it did, on one machine or a multi-machine cluster, and more "
-                "(learner ranks, placement checked before work, replaced generators), and one engine halves the "
-                "tests and docs (docs/log.md). loop.engine may change on a resume, with the same trajectory; "
-                "continue on Ray or locally:\n"
+                f"{how}: this run's generators ran on Dask ({was}), and the Dask engine was retired: "
+                f"{DASK_REASON}. loop.engine may change on a resume, with the same trajectory; continue on Ray "
+                "or locally:\n"
                 f"  python -m flows.train {rest} loop.engine=ray    # a local Ray instance; on a cluster add "
                 "ray.address=HEAD:6379 (infra/distributed.md)\n"
                 f"  python -m flows.train {rest} loop.engine=local    # generator processes of the flow")

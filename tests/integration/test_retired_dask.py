@@ -1,4 +1,4 @@
-"""Runs made before the Dask engine was retired (2026-12-06) still resume and fork: their saved
+"""Runs made before the Dask engine was retired (docs/log.md says when) still resume and fork: their saved
 config.yaml holds `loop.dask_address` (null, or a scheduler) and `loop.engine` local or dask.
 A null address is dropped and the checkpoint's config hash still matches (the key was never
 hashed); a run that used Dask is refused with the command that continues it, unless the
@@ -61,8 +61,8 @@ def test_a_run_made_on_dask_is_refused_with_the_command_that_continues_it(old_ru
     with pytest.raises(ConfigError) as info:
         resolve_config([f"tracking.root_dir={root}", how])
     message = str(info.value)
-    assert f"{how}: this run's generators ran on Dask (loop.engine=dask), and the Dask engine was retired on " \
-           "2026-12-06: Ray does everything it did" in message
+    assert f"{how}: this run's generators ran on Dask (loop.engine=dask), and the Dask engine was retired: " \
+           "Ray does everything it did" in message
     assert f"python -m flows.train tracking.root_dir={root} {how} loop.engine=ray " in message
     assert f"python -m flows.train tracking.root_dir={root} {how} loop.engine=local " in message
 
@@ -117,7 +117,7 @@ def test_an_old_dask_run_resumes_locally_from_its_checkpoint(old_runs):
 
 
 def test_a_new_run_on_dask_says_it_was_retired():
-    with pytest.raises(ConfigError, match=r"loop.engine=dask was retired on 2026-12-06.*use loop.engine=ray"):
+    with pytest.raises(ConfigError, match=r"loop.engine=dask was retired: Ray does everything.*use loop.engine=ray"):
         load_config(["loop=async", "loop.engine=dask"])
 
 

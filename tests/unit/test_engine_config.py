@@ -14,7 +14,7 @@ from replay_pipeline.run.ray_engine import check_placement
 
 @pytest.mark.parametrize("overrides, message", [
     (["loop=async", "loop.engine=spark"], "loop.engine='spark' is not one of ['local', 'ray']"),
-    (["loop=async", "loop.engine=dask"], "loop.engine=dask was retired on 2026-12-06: Ray does everything it did"),
+    (["loop=async", "loop.engine=dask"], "loop.engine=dask was retired: Ray does everything it did"),
     (["loop.engine=ray"], "loop.engine=ray with the sync loop and one learner process places nothing on Ray: add "
                           "loop=async"),
     (["learner.backend=mpi"], "learner.backend='mpi' is not one of ['auto', 'gloo', 'nccl']"),
